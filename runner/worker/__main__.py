@@ -1,0 +1,5 @@
+import sys
+
+from runner.worker.supervisor import main
+
+sys.exit(main())

