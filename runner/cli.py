@@ -47,6 +47,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: rich's help renderer imports markdown-it and ~150 ms of modules; `runner --help` must be instant.
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -57,7 +59,10 @@ RunArg = Annotated[str, typer.Argument(help="Run id (or a unique prefix), or a r
 def _console(stderr: bool = False) -> Console:
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 120  # logs and pipes: rich would assume 80 columns and fold every table row
+    return console
 
 
 def _say(text: str) -> None:
