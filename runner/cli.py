@@ -17,7 +17,9 @@ from typer.core import TyperGroup
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from runner.backends.base import Backend
     from runner.errors import RunnerError
+    from runner.plan import Plan
     from runner.records import RunRecord
     from runner.spec import JobSpec
     from runner.status import RunState, Snapshot
@@ -80,15 +82,16 @@ def _load(path: Path) -> JobSpec:
     return load_spec(path)
 
 
-def _rows_table(rows: list[tuple[str, str]], title: str | None = None) -> object:
-    from rich.table import Table
+def _rows_text(rows: list[tuple[str, str]], title: str | None = None) -> str:
+    """Aligned `label  value` lines: plain text, so logs, pipes and golden files read the same as a terminal."""
+    width = max((len(k) for k, _ in rows), default=0)
+    lines = [title] if title else []
+    lines += [f"{key:<{width}}  {value}" for key, value in rows]
+    return "\n".join(lines)
 
-    table = Table(show_header=False, box=None, title=title, title_justify="left", pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
+
+def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
+    _console().print(_rows_text(rows, title), markup=False, highlight=False)
 
 
 # -- validate / schema ---------------------------------------------------------------------------------------------
@@ -145,42 +148,75 @@ def submit(
     storage: Annotated[
         str | None, typer.Option(help="Override the spec's storage (gs://BUCKET/PREFIX or a local path).")
     ] = None,
+    project: Annotated[
+        str | None, typer.Option(help="Google Cloud project (default: the spec, then gcloud's).")
+    ] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone, when the spec names none (default: gcloud's).")] = None,
     process: Annotated[
         bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
     ] = False,
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
-    from runner.errors import UsageError
-
     spec = _load(spec_path)
-    if not local:
-        raise UsageError(
-            "the Cloud TPU VM backend is not part of this release yet",
-            hint="run the same job on this machine with `runner submit --local`",
-        )
-    from runner.backends.local import LocalBackend
-    from runner.plan import plan_local
-
-    plan = plan_local(spec, str(spec_path), storage=storage)
-    backend = LocalBackend(prefer="process" if process else None)
-    rows = [("run", plan.run_id), ("backend", "local"), *backend.describe(plan), ("run directory", plan.run_dir)]
     what = (
         f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
         f"{spec.training.batch_size}"
         if spec.training
         else f"`{spec.command_line}`"
     )
-    rows.insert(1, ("job", f"{spec.name}: {what}"))
+    backend: Backend
+    if local:
+        from runner.backends.local import LocalBackend
+        from runner.plan import plan_local
+
+        plan = plan_local(spec, str(spec_path), storage=storage)
+        backend = LocalBackend(prefer="process" if process else None)
+    else:
+        from runner.backends.tpu_vm import TpuVmBackend
+        from runner.plan import plan_cloud
+
+        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone)
+        backend = TpuVmBackend(say=_say)
+    rows = [
+        ("run", plan.run_id),
+        ("job", f"{spec.name}: {what}"),
+        ("backend", plan.backend),
+        *backend.describe(plan),
+        ("run directory", plan.run_dir),
+    ]
     if dry_run:
-        env_rows = [(k, v) for k, v in sorted(plan.env.items())]
-        _console().print(_rows_table(rows, title="Plan (dry run: nothing is started)"))
-        _console().print(_rows_table(env_rows, title="Job environment"))
+        typer.echo(dry_run_text(plan, backend, rows))
         return
-    _console().print(_rows_table(rows))
+    _print_rows(rows)
     from runner import lifecycle
 
     outcome = lifecycle.submit(plan, backend, say=_say, on_output=_write_output, detach=detach)
     _finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
+
+
+def dry_run_text(plan: Plan, backend: Backend, rows: list[tuple[str, str]]) -> str:
+    """What `submit --dry-run` prints: the plan, and for a TPU VM the exact request with its startup script."""
+    parts = [_rows_text(rows, title="Plan (dry run: nothing is created, no API is called)")]
+    if plan.cloud is None:
+        parts.append(_rows_text(sorted(plan.env.items()), title="\nJob environment"))
+        return "\n".join(parts)
+    from runner.backends.tpu_vm import dumps_request, node_request
+
+    zone = plan.cloud.zones[0]
+    body = node_request(plan, zone)
+    if plan.attach:
+        parts.append(
+            f"\nAttach: run the startup script below on every worker of {plan.cloud.node_id} over "
+            "`gcloud compute tpus tpu-vm ssh --worker=all`; the node is never deleted."
+        )
+    else:
+        parts.append(
+            f"\nRequest: POST /v2/projects/{plan.cloud.project}/locations/{zone}/nodes?nodeId={plan.cloud.node_id}"
+        )
+        parts.append(dumps_request(body))
+    parts.append("\nstartup-script (runs as root on every worker at boot):")
+    parts.append(body["metadata"]["startup-script"].rstrip("\n"))
+    return "\n".join(parts)
 
 
 def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
@@ -195,7 +231,7 @@ def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, de
     assert snapshot is not None
     console = _console()
     console.print()
-    console.print(_rows_table(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}"))
+    _print_rows(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
     tail = failure_tail(snapshot)
@@ -230,16 +266,31 @@ def _resolve(run: str) -> RunRecord:
 
 
 def _current_state(record: RunRecord, snapshot: Snapshot) -> RunState:
+    from runner.backends.base import MachineState
+    from runner.errors import RunnerError
     from runner.status import derive_state
 
     alive = None
-    if record.backend == "local" and record.handle:
-        from runner.backends.base import MachineState
-        from runner.backends.local import LocalBackend
-
-        backend = LocalBackend()
-        alive = backend.status(backend.handle_from_dict(record.handle)) == MachineState.RUNNING
+    if record.handle and not record.state.is_terminal():
+        backend = _backend_for(record.backend)
+        try:
+            machine = backend.status(backend.handle_from_dict(record.handle))
+            alive = (
+                None if machine == MachineState.UNKNOWN else machine in (MachineState.RUNNING, MachineState.CREATING)
+            )
+        except RunnerError:
+            alive = None  # no credentials or API unreachable: judge by the run directory alone
     return derive_state(snapshot, record.num_workers, record.state, machine_alive=alive, heartbeat_timeout_s=60)
+
+
+def _backend_for(name: str) -> Backend:
+    if name == "tpu-vm":
+        from runner.backends.tpu_vm import TpuVmBackend
+
+        return TpuVmBackend(say=_say)
+    from runner.backends.local import LocalBackend
+
+    return LocalBackend()
 
 
 @app.command()
@@ -292,8 +343,8 @@ def status(
                 f"val_accuracy {last.get('val_accuracy', 0):.4f}, {last['epoch_time_s']:.1f}s",
             )
         )
-    console.print(_rows_table(rows, title=f"Run {record.run_id}"))
-    console.print(_rows_table(summary_rows(record.run_dir, state, snapshot)))
+    _print_rows(rows, title=f"Run {record.run_id}")
+    _print_rows(summary_rows(record.run_dir, state, snapshot))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         console.print(f"  {line}", markup=False)
 

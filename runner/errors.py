@@ -7,6 +7,7 @@
     ├── RunNotFound              exit 3   no run record with that id
     ├── StorageError             exit 4   reading or writing the run directory failed
     ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
+    │   └── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
     └── RunFailed                exit 6   the run ended, but not in success (trainer failed, cancelled)
 
 Code outside the CLI never calls sys.exit; it raises one of these, wrapping the underlying error with
@@ -61,6 +62,10 @@ class StorageError(RunnerError):
 
 class BackendError(RunnerError):
     exit_code = 5
+
+
+class NoCapacity(BackendError):
+    """A stockout: not the user's fault, and another zone (or later) may succeed."""
 
 
 class RunFailed(RunnerError):

@@ -6,17 +6,16 @@ Teardown is in a `finally`, and SIGINT/SIGTERM are turned into an exception duri
 
 from __future__ import annotations
 
-import signal
+import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from runner import contract, records
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError
-from runner.events import EventLog
+from runner.errors import BackendError, RunnerError
+from runner.events import Event, EventLog
+from runner.interrupts import Interrupted, signals_deferred, signals_raise
 from runner.plan import Plan
 from runner.records import RunRecord
 from runner.specfile import dump_spec
@@ -25,48 +24,41 @@ from runner.storage import Storage, open_storage
 from runner.watch import LogTail, follow
 
 
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise Interrupted in the main thread (SIGTERM would otherwise kill us without cleanup)."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-@contextmanager
-def signals_deferred(say: Callable[[str], None]) -> Iterator[None]:
-    """During teardown a second Ctrl-C must not leave a machine behind: note it and carry on."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        say(f"{signal.Signals(signum).name} received; still tearing down, so nothing is left running")
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 @dataclass(frozen=True)
 class Outcome:
     record: RunRecord
     state: RunState
     snapshot: Snapshot | None
     detached: bool = False
+
+
+_GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
+
+
+def _machine_gone(backend: Backend, handle: Handle, *, every_s: float) -> Callable[[], bool]:
+    """Asks the backend whether the machine is gone, at most every `every_s` (cloud APIs have quotas); an API
+    error is not an answer: the run directory keeps being watched."""
+    last = [float("-inf"), False]
+
+    def check() -> bool:
+        if time.monotonic() - last[0] >= every_s:
+            try:
+                last[1] = backend.status(handle) in _GONE
+            except RunnerError as exc:
+                last[1] = False
+                logging.getLogger(__name__).warning("machine status unavailable: %s", exc)
+            last[0] = time.monotonic()
+        return bool(last[1])
+
+    return check
+
+
+def _show_event(event: Event, say: Callable[[str], None]) -> None:
+    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
+    if event.source == "runner":
+        return
+    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
+    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
 def should_delete(policy: str, state: RunState, attached: bool) -> bool:
@@ -106,6 +98,7 @@ def submit(
     detach: bool = False,
     poll_s: float | None = None,
     grace_s: float = 30.0,
+    status_every_s: float = 10.0,
 ) -> Outcome:
     storage = open_storage(plan.run_dir)
     record = start_record(plan, storage)
@@ -133,7 +126,8 @@ def submit(
                 num_workers=plan.num_workers,
                 interval_s=poll_s,
                 tail=tail,
-                machine_gone=lambda: backend.status(handle) == MachineState.GONE,  # type: ignore[arg-type]
+                on_event=lambda e: _show_event(e, say),
+                machine_gone=_machine_gone(backend, handle, every_s=0 if backend.ephemeral else status_every_s),
             )
             state = derive_state(
                 snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0

@@ -7,16 +7,37 @@ reads the spec file or the user's flags itself.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner import contract, datasets
+from runner import catalog, contract, datasets
 from runner.errors import PlanError
 from runner.spec import JobSpec
 
 RUNS_DIR = "runs"
+# A TPU VM pulls the image itself: it must name a registry (Artifact Registry, gcr.io, Docker Hub...).
+_REGISTRY_HOST_RE = re.compile(r"^(?P<host>[^/]+\.[^/]+|localhost(:\d+)?)/")
+_ARTIFACT_REGISTRY_RE = re.compile(
+    r"^(?P<region>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[a-z][-a-z0-9.:]*[a-z0-9])/(?P<repo>[a-z0-9][-a-z0-9]*)/"
+    r"(?P<image>[a-z0-9._/-]+)(?::[\w][\w.-]*|@sha256:[a-f0-9]{64})?$"
+)
+
+
+@dataclass(frozen=True)
+class CloudTarget:
+    """Where a TPU VM run goes, resolved and checked before any API call."""
+
+    project: str
+    zones: tuple[str, ...]  # in the order to try
+    accelerator: catalog.AcceleratorType
+    runtime_version: str
+    node_id: str
+    attach_node: str | None  # an existing node: attach, never create or delete
+    trainer_workers: str  # "0": TensorFlow runs on worker 0 (other hosts serve the TPU runtime); "all"
+    price_per_hour: float
 
 
 @dataclass(frozen=True)
@@ -32,16 +53,17 @@ class Plan:
     deadline: float = 0.0
     num_workers: int = 1
     attach: bool = False  # the machine exists already (accelerator.node): never deleted
+    cloud: CloudTarget | None = None
 
     @property
     def storage_is_local(self) -> bool:
         return not self.storage_url.startswith("gs://")
 
 
-def new_run_id(name: str, now: float | None = None) -> str:
+def new_run_id(name: str, now: float | None = None, suffix: str | None = None) -> str:
     """<name>-<UTC yyyymmdd-hhmmss>-<4 hex>: sortable, unique, and valid as a TPU node id and label value."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    return f"{name}-{stamp}-{suffix or secrets.token_hex(2)}"
 
 
 def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
@@ -53,7 +75,8 @@ def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
     if cloud:
         raise PlanError(
             f"storage {url!r} is a local path, but a TPU VM can only write its run directory to Cloud Storage",
-            hint="set `storage: gs://BUCKET/PREFIX` in the job spec, or pass --storage gs://BUCKET/PREFIX",
+            hint="set `storage: gs://BUCKET/PREFIX` in the job spec or pass --storage gs://BUCKET/PREFIX; "
+            "or run the job on this machine with --local",
         )
     return str(Path(url).expanduser().absolute())
 
@@ -87,3 +110,132 @@ def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = No
     env = job_env(spec, run_id, run_dir, strategy=strategy)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
     return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, now + spec.teardown.max_runtime)
+
+
+def check_image_for_cloud(image: str) -> None:
+    if not _REGISTRY_HOST_RE.match(image):
+        raise PlanError(
+            f"image {image!r} names no registry, so a TPU VM cannot pull it",
+            hint="push it to Artifact Registry and use REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG",
+        )
+    if "-docker.pkg.dev/" in image and not _ARTIFACT_REGISTRY_RE.match(image):
+        raise PlanError(f"image {image!r} is not REGION-docker.pkg.dev/PROJECT/REPO/IMAGE[:TAG]")
+
+
+def _accelerator(name: str) -> catalog.AcceleratorType:
+    try:
+        return catalog.accelerator(name)
+    except catalog.CatalogError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, [t.name for t in catalog.all_types()], n=3, cutoff=0.6)
+        raise PlanError(str(exc), hint=f"did you mean {', '.join(close)}?" if close else None) from None
+
+
+def resolve_cloud_target(
+    spec: JobSpec, run_id: str, *, project: str | None, zone: str | None, environ: dict[str, str] | None = None
+) -> CloudTarget:
+    """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials."""
+    from runner import gcloud_config
+
+    acc = spec.accelerator
+    accel = _accelerator(acc.type)
+    project = acc.project or project or gcloud_config.default_project(environ)
+    if not project:
+        raise PlanError(
+            "no Google Cloud project",
+            hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
+        )
+    zones = tuple(acc.candidate_zones) or ((zone,) if zone else ())
+    if not zones and (default := gcloud_config.default_zone(environ)):
+        zones = (default,)
+    if not zones:
+        raise PlanError(
+            "no zone for the TPU VM",
+            hint=f"{accel.name} is offered in {', '.join(accel.zones)}; set "
+            "accelerator.zone(s), pass --zone, or `gcloud config set compute/zone ZONE`",
+        )
+    offered = [z for z in zones if z in accel.zones]
+    missing = [z for z in zones if z not in accel.zones]
+    if missing and not acc.node:
+        raise PlanError(
+            f"{accel.name} is not offered in {', '.join(missing)}",
+            hint=f"{accel.name} is offered in {', '.join(accel.zones)}",
+        )
+    runtime = acc.runtime_version or accel.generation.default_runtime
+    if not accel.runtime_ok(runtime):
+        raise PlanError(
+            f"runtime version {runtime!r} does not run on {accel.name}",
+            hint=f"{accel.generation.name} takes {', '.join(accel.generation.runtimes)}"
+            + (" (the -pod variant on multi-host slices)" if runtime.startswith("tpu-vm-tf-") else ""),
+        )
+    trainer_workers = "all"
+    if spec.training is not None:
+        if not accel.generation.tensorflow:
+            raise PlanError(
+                f"the built-in trainer is TensorFlow, which Cloud TPU does not support on {accel.generation.name}",
+                hint="use v5litepod, v5p or v4, or run your own `command`",
+            )
+        if accel.multi_host:
+            # Google's TF pod CI: the script runs on worker 0 with TPUClusterResolver(tpu=<node>); the other
+            # hosts serve through the TPU runtime of a tpu-vm-tf-*-pod-* image.
+            trainer_workers = "0"
+            if not runtime.startswith("tpu-vm-tf-"):
+                raise PlanError(
+                    f"{accel.name} has {accel.hosts} hosts: TensorFlow needs a tpu-vm-tf-X.Y.Z-pod-pjrt "
+                    f"runtime there, not {runtime!r}",
+                    hint="set accelerator.runtime_version",
+                )
+    return CloudTarget(
+        project=project,
+        zones=tuple(offered) if offered else zones,
+        accelerator=accel,
+        runtime_version=runtime,
+        node_id=acc.node or run_id,
+        attach_node=acc.node,
+        trainer_workers=trainer_workers,
+        price_per_hour=accel.price_per_hour(spot=acc.spot),
+    )
+
+
+def plan_cloud(
+    spec: JobSpec,
+    spec_path: str | None,
+    *,
+    storage: str | None = None,
+    project: str | None = None,
+    zone: str | None = None,
+    environ: dict[str, str] | None = None,
+    now: float | None = None,
+    run_suffix: str | None = None,
+) -> Plan:
+    """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying.
+    `now` and `run_suffix` pin the run id (golden tests)."""
+    now = now or time.time()
+    run_id = new_run_id(spec.name, now, run_suffix)
+    storage_url = resolve_storage(spec, storage, cloud=True)
+    check_image_for_cloud(spec.image)
+    for key, value in spec.env.items():
+        if "\n" in value or "\0" in value:
+            raise PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")
+    target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
+    run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
+    workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
+    env = job_env(spec, run_id, run_dir, strategy="auto", num_workers=workers)
+    env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+    if spec.training is not None and spec.training.keras == "auto":
+        env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
+    return Plan(
+        spec,
+        spec_path,
+        run_id,
+        "tpu-vm",
+        storage_url,
+        run_dir,
+        env,
+        now,
+        now + spec.teardown.max_runtime,
+        num_workers=workers,
+        attach=target.attach_node is not None,
+        cloud=target,
+    )

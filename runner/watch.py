@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from runner import contract
+from runner.events import Event, read_events
 from runner.status import Snapshot, read_snapshot
 from runner.storage import Storage
 
@@ -38,11 +39,24 @@ def follow(
     stop: Callable[[Snapshot], bool] | None = None,
     machine_gone: Callable[[], bool] | None = None,
     tail: LogTail | None = None,
+    on_event: Callable[[Event], None] | None = None,
 ) -> Snapshot:
     """Stream `worker`'s log until every worker has an exit record, `stop(snapshot)` says so, or the machine is
     gone (then one last read catches what it wrote before it went). Returns the last snapshot."""
     tail = tail or LogTail(run_dir, worker)
+    seen: set[tuple[float, str, str]] = set()
+
+    def new_events() -> None:
+        if on_event is None:
+            return
+        for event in read_events(run_dir):
+            key = (event.time, event.source, event.event)
+            if key not in seen:
+                seen.add(key)
+                on_event(event)
+
     while True:
+        new_events()
         chunk = tail.read_new()
         if chunk:
             on_output(chunk)
@@ -52,6 +66,7 @@ def follow(
             snapshot = read_snapshot(run_dir, with_metrics=False)
             done = True
         if done:
+            new_events()
             chunk = tail.read_new()
             if chunk:
                 on_output(chunk)

@@ -114,10 +114,10 @@ def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path: Path, runner_home: 
     assert not (tmp_path / "store").exists() and not (runner_home / "runs").exists()
 
 
-def test_submit_without_local_says_what_to_do(tmp_path: Path) -> None:
-    result = invoke("submit", str(command_job(tmp_path, "print(1)")))
+def test_submit_to_a_tpu_vm_with_local_storage_says_what_to_do(tmp_path: Path) -> None:
+    result = invoke("submit", str(command_job(tmp_path, "print(1)")), "--project", "my-project")
     assert result.exit_code == 2
-    assert "--local" in result.output
+    assert "can only write its run directory to Cloud Storage" in result.output and "--local" in result.output
 
 
 def test_submit_local_custom_command_then_status_logs_list(tmp_path: Path) -> None:

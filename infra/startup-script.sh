@@ -1,0 +1,173 @@
+#!/bin/bash
+# tpu-runner bootstrap for Cloud TPU VMs.
+#
+# The runner renders the values block below from the job spec (runner/bootstrap.py) and passes the result as the
+# node's `startup-script` metadata. Cloud TPU runs it as root on every worker (host) of the slice at boot. It pulls
+# the job's image, runs it with the flags a TPU VM needs, records what happened in the run directory on Cloud
+# Storage, and deletes the node when the job is over, so that the node never idles on the bill, even when the
+# runner that submitted it is gone. It needs only bash, curl, base64 and docker, which every TPU VM image has.
+#
+# Every value in the block is single-quoted by the renderer: nothing from a spec is ever parsed as shell.
+set -uo pipefail
+
+# --- values (rendered by runner/bootstrap.py) ---
+RUN_ID=''
+RUN_DIR=''
+IMAGE=''
+PROJECT=''
+ZONE=''
+NODE=''
+JOB_WORKERS='all'
+NUM_WORKERS='1'
+DELETE_ON_EXIT='never'
+JOB_ENV_B64=''
+# --- end values ---
+
+# Endpoints: the real services on a TPU VM; the TPU API emulator points them at itself to rehearse a run.
+METADATA_URL="${RUNNER_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}"
+TPU_API="${RUNNER_TPU_API:-https://tpu.googleapis.com}"
+STORAGE_API="${RUNNER_STORAGE_API:-https://storage.googleapis.com}"
+WORKDIR="${TMPDIR:-/tmp}/tpu-runner/${RUN_ID}"
+CONTAINER="tpu-runner-job"
+BUCKET="${RUN_DIR#gs://}"
+BUCKET="${BUCKET%%/*}"
+PREFIX="${RUN_DIR#gs://"${BUCKET}"}"
+PREFIX="${PREFIX#/}"
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# Percent-encode one string byte by byte (object names go into URLs).
+urlencode() {
+  local LC_ALL=C s="$1" out="" c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c="${s:i:1}"
+    case "$c" in
+      [a-zA-Z0-9.~_-]) out+="$c" ;;
+      *) out+=$(printf '%%%02X' "'$c") ;;
+    esac
+  done
+  printf '%s' "$out"
+}
+
+# A JSON string literal for a message of ours (quotes, backslashes and control characters escaped).
+json_str() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  s="${s//$'\n'/ }"
+  s="${s//$'\r'/ }"
+  s="${s//$'\t'/ }"
+  printf '"%s"' "$s"
+}
+
+metadata() { curl -sf --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${METADATA_URL}/$1"; }
+
+token() { metadata instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'; }
+
+# put KEY FILE: upload a file to the run directory (Cloud Storage JSON API, simple upload).
+put() {
+  curl -sf --retry 5 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/octet-stream' \
+    --data-binary @"$2" "${STORAGE_API}/upload/storage/v1/b/${BUCKET}/o?uploadType=media&name=$(urlencode "${PREFIX}/$1")" \
+    >/dev/null
+}
+
+# exists KEY: is the object in the run directory?
+exists() {
+  curl -sf -o /dev/null -H "Authorization: Bearer $(token)" \
+    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")"
+}
+
+now() { date +%s.%N | cut -c1-14; }
+
+# event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
+event() {
+  printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$(now)" "$WORKER" "$1" "${2:+, $2}" \
+    >>"${WORKDIR}/events.jsonl"
+  put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
+}
+
+# write_exit STATE CODE MESSAGE: the exit record, when the container could not write its own.
+write_exit() {
+  printf '{"worker": %s, "state": "%s", "exit_code": %s, "started_at": %s, "finished_at": %s, "error": %s, "tail": []}\n' \
+    "$WORKER" "$1" "$2" "$STARTED" "$(now)" "$(json_str "$3")" >"${WORKDIR}/exit.json"
+  put "exit/worker-${WORKER}.json" "${WORKDIR}/exit.json" || log "could not upload the exit record"
+}
+
+# finish CODE: worker 0 deletes the node when the policy says so (after every worker has an exit record).
+finish() {
+  local rc="$1" delete="" waited=0 w
+  if [ "$WORKER" = 0 ]; then
+    case "$DELETE_ON_EXIT" in
+      always) delete=1 ;;
+      on_success) [ "$rc" = 0 ] && delete=1 ;;
+    esac
+  fi
+  if [ -n "$delete" ]; then
+    if [ "$JOB_WORKERS" = all ]; then
+      for ((w = 1; w < NUM_WORKERS; w++)); do
+        while ! exists "exit/worker-${w}.json" && [ "$waited" -lt 600 ]; do
+          sleep 5
+          waited=$((waited + 5))
+        done
+      done
+    fi
+    event delete_requested "\"exit_code\": ${rc}"
+    curl -sf --retry 5 -X DELETE -H "Authorization: Bearer $(token)" \
+      "${TPU_API}/v2/projects/${PROJECT}/locations/${ZONE}/nodes/${NODE}" >/dev/null ||
+      log "could not delete node ${NODE}; the runner or \`runner gc\` will"
+  fi
+  exit "$rc"
+}
+
+mkdir -p "$WORKDIR"
+STARTED="$(now)"
+WORKER="$(metadata instance/attributes/agent-worker-number || echo 0)"
+event bootstrap_started "\"worker\": ${WORKER}, \"host\": $(json_str "$(hostname)")"
+
+if [ "$JOB_WORKERS" != all ] && [ "$WORKER" != "$JOB_WORKERS" ]; then
+  log "worker ${WORKER} serves the TPU runtime; the job runs on worker ${JOB_WORKERS}"
+  event idle_worker
+  exit 0
+fi
+
+printf '%s' "$JOB_ENV_B64" | base64 -d >"${WORKDIR}/job.env"
+printf 'RUNNER_WORKER_ID=%s\n' "$WORKER" >>"${WORKDIR}/job.env"
+
+REGISTRY="${IMAGE%%/*}"
+case "$REGISTRY" in
+  *-docker.pkg.dev | gcr.io | *.gcr.io)
+    token | docker login -u oauth2accesstoken --password-stdin "https://${REGISTRY}" >/dev/null ||
+      log "docker login to ${REGISTRY} failed" ;;
+esac
+
+pulled=""
+for attempt in 1 2 3; do
+  if docker pull "$IMAGE"; then
+    pulled=1
+    break
+  fi
+  log "docker pull failed (attempt ${attempt})"
+  sleep $((attempt * 2))
+done
+if [ -z "$pulled" ]; then
+  event image_pull_failed "\"image\": $(json_str "$IMAGE")"
+  write_exit failed 125 "docker pull ${IMAGE} failed: does the image exist, and may the VM's service account read it?"
+  finish 125
+fi
+
+# --privileged: the container opens the TPU chips (/dev/accel*, /dev/vfio); --net=host: the hosts of a pod slice
+# reach each other and the metadata server as the VM does.
+event container_started
+docker run --rm --name "$CONTAINER" --privileged --net=host --env-file "${WORKDIR}/job.env" "$IMAGE" &
+child=$!
+# A shutdown (preemption, maintenance) sends SIGTERM: stop the container so the job records its state.
+trap 'docker stop --time 25 "$CONTAINER" >/dev/null 2>&1' TERM INT
+rc=0
+wait "$child" || rc=$?
+while kill -0 "$child" 2>/dev/null; do
+  rc=0
+  wait "$child" || rc=$?
+done
+event container_exited "\"exit_code\": ${rc}"
+exists "exit/worker-${WORKER}.json" || write_exit failed "$rc" "the container exited with ${rc} before writing its exit record"
+finish "$rc"
