@@ -82,8 +82,9 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, _Pos]]:
     """Parse YAML text into plain data and a map of field path -> lines. Raises SpecError."""
     if len(text.encode()) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: the file is larger than {MAX_SPEC_BYTES // 1024} KiB; a job spec never is")
-    loader = _StrictLoader(text)
+    loader: _StrictLoader | None = None
     try:
+        loader = _StrictLoader(text)  # the reader rejects control characters already here
         node = loader.get_single_node()
         if node is None:
             raise SpecError(f"{source}: the file is empty", hint="see `runner schema` for the fields of a job spec")
@@ -96,10 +97,17 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, _Pos]]:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         what = ", ".join(p for p in (exc.context, exc.problem) if p)
         raise SpecError(f"{source}: not valid YAML", [f"{where}{what}"]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        char = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+        raise SpecError(
+            f"{source}: not valid YAML", [f"line {line}: the control character {char} is not allowed"]
+        ) from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{source}: not valid YAML", [str(exc)]) from None
+        raise SpecError(f"{source}: not valid YAML", [" ".join(str(exc).split())]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise SpecError(
             f"{source}: a job spec is a mapping of fields (name:, image:, training: ...), not a {type(data).__name__}"

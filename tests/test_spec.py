@@ -150,6 +150,7 @@ def test_unknown_key_suggestion_at_top_level() -> None:
         ("just text\n", "not a str"),
         ("", "empty"),
         ("a: b\n---\nc: d\n", "expected a single document"),
+        ("name: a\n\x0c\n", "line 2: the control character U+000C is not allowed"),
     ],
 )
 def test_unsafe_or_broken_yaml_is_rejected(text: str, expected: str) -> None:
