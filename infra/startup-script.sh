@@ -20,6 +20,7 @@ NODE=''
 JOB_WORKERS='all'
 NUM_WORKERS='1'
 DELETE_ON_EXIT='never'
+DEADLINE='0'
 JOB_ENV_B64=''
 # --- end values ---
 
@@ -94,12 +95,13 @@ write_exit() {
 }
 
 # finish CODE: worker 0 deletes the node when the policy says so (after every worker has an exit record).
+# 124 is a safety stop (max_runtime passed, the runner was lost): the node goes even under on_success.
 finish() {
   local rc="$1" delete="" waited=0 w
   if [ "$WORKER" = 0 ]; then
     case "$DELETE_ON_EXIT" in
       always) delete=1 ;;
-      on_success) [ "$rc" = 0 ] && delete=1 ;;
+      on_success) [ "$rc" = 0 ] || [ "$rc" = 124 ] && delete=1 ;;
     esac
   fi
   if [ -n "$delete" ]; then
@@ -160,14 +162,36 @@ fi
 event container_started
 docker run --rm --name "$CONTAINER" --privileged --net=host --env-file "${WORKDIR}/job.env" "$IMAGE" &
 child=$!
-# A shutdown (preemption, maintenance) sends SIGTERM: stop the container so the job records its state.
-trap 'docker stop --time 25 "$CONTAINER" >/dev/null 2>&1' TERM INT
+
+# The job stops itself at its deadline; if it cannot (hung, its supervisor gone), this backstop stops it 5 minutes
+# later, and the node is deleted below.
+delay=$((DEADLINE - $(date +%s) + 300))
+[ "$delay" -lt 0 ] && delay=0
+(
+  sleep "$delay" &&
+    touch "${WORKDIR}/watchdog-fired" &&
+    log "the run's deadline passed 5 minutes ago: stopping the container" &&
+    docker stop --time 25 "$CONTAINER" >/dev/null 2>&1
+) &
+watchdog=$!
+
+# A shutdown (preemption, maintenance) sends SIGTERM: stop the container so that the job records its state, and
+# leave the node alone: it is not the job's end, and the runner decides (recreate after a preemption, or delete).
+shutdown=""
+trap 'shutdown=1; docker stop --time 25 "$CONTAINER" >/dev/null 2>&1' TERM INT
 rc=0
 wait "$child" || rc=$?
 while kill -0 "$child" 2>/dev/null; do
   rc=0
   wait "$child" || rc=$?
 done
-event container_exited "\"exit_code\": ${rc}"
+pkill -P "$watchdog" 2>/dev/null
+kill "$watchdog" 2>/dev/null
+[ -e "${WORKDIR}/watchdog-fired" ] && rc=124
+event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
 exists "exit/worker-${WORKER}.json" || write_exit failed "$rc" "the container exited with ${rc} before writing its exit record"
+if [ -n "$shutdown" ]; then
+  log "the VM is shutting down (preemption or maintenance): the node is left to the runner"
+  exit "$rc"
+fi
 finish "$rc"

@@ -40,6 +40,7 @@ def values(plan: Plan) -> dict[str, str]:
         "JOB_WORKERS": cloud.trainer_workers,
         "NUM_WORKERS": str(plan.num_workers),
         "DELETE_ON_EXIT": "never" if plan.attach else policy,
+        "DEADLINE": str(int(plan.deadline)),
         "JOB_ENV_B64": base64.b64encode(env_file(plan.env).encode()).decode(),
     }
 

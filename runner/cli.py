@@ -410,6 +410,82 @@ def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many ru
     _console().print(table)
 
 
+# -- teardown --------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def down(run: RunArg) -> None:
+    """Stop a run and delete what it created, now (an attached node is left running)."""
+    import time
+
+    from runner import records
+    from runner.events import EventLog
+    from runner.status import RunState
+    from runner.storage import open_storage
+
+    record = _resolve(run)
+    if not record.handle:
+        _say(f"{record.run_id} created nothing that could still run")
+        return
+    backend = _backend_for(record.backend)
+    events = EventLog(open_storage(record.run_dir), "runner-down")  # its own file: the submitter may still write
+    events.emit("down_requested")
+    backend.teardown(backend.handle_from_dict(record.handle))
+    events.emit("down_done")
+    if not record.state.is_terminal():
+        records.save(record.updated(state=RunState.CANCELLED, finished_at=time.time()))
+    _say(f"{record.run_id} is down")
+
+
+@app.command()
+def gc(
+    project: Annotated[str | None, typer.Option(help="Project (default: gcloud's).")] = None,
+    zone: Annotated[list[str] | None, typer.Option(help="Zone to sweep; repeat for several.")] = None,
+    all_zones: Annotated[bool, typer.Option("--all-zones", help="Sweep every zone that offers TPUs.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list; delete nothing.")] = False,
+) -> None:
+    """Find runner-labelled TPU nodes and queued resources nobody needs any more, and delete them."""
+    from runner import catalog, gcloud_config, records
+    from runner.backends.tpu_api import TpuApi
+    from runner.errors import UsageError
+    from runner.teardown import Sweeper
+
+    project = project or gcloud_config.default_project()
+    if not project:
+        raise UsageError("no project to sweep", hint="pass --project or `gcloud config set project PROJECT`")
+    if all_zones:
+        zones = sorted({z for t in catalog.all_types() for z in t.zones})
+    else:
+        zones = list(zone or [])
+        zones += [r.handle["zone"] for r in records.list_records() if r.backend == "tpu-vm" and r.handle.get("zone")]
+        if default := gcloud_config.default_zone():
+            zones.append(default)
+        zones = sorted(set(zones))
+    if not zones:
+        raise UsageError("no zone to sweep", hint="pass --zone ZONE (repeatable) or --all-zones")
+    sweeper = Sweeper(TpuApi(), project, zones, say=_say)
+    found = sweeper.scan()
+    rows = [
+        (
+            f"{f.kind} {f.short_name}",
+            f"{f.zone}  {f.state}  run {f.run_id or '?'}  {f.age_s / 3600:.1f} h old  "
+            + (f"ORPHANED: {f.orphaned_because}" if f.orphaned_because else "in use: kept"),
+        )
+        for f in found
+    ]
+    _print_rows(rows, title=f"Runner resources in {project} ({', '.join(zones)})") if rows else _say(
+        f"nothing labelled managed-by=tpu-runner in {', '.join(zones)}"
+    )
+    orphans = [f for f in found if f.orphaned_because]
+    if dry_run or not orphans:
+        if orphans:
+            _say(f"{len(orphans)} orphaned; run without --dry-run to delete them")
+        return
+    for leftover in orphans:
+        sweeper.delete(leftover)
+        _say(f"deleted {leftover.kind} {leftover.short_name} in {leftover.zone}")
+
+
 # -- entry point ---------------------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ and two writers would overwrite each other:
     run.json                 run id, backend, machine, created/deadline             runner
     events/<source>.jsonl    timestamped lifecycle events, one file per writer      runner, worker-N, bootstrap-N
     heartbeat                JSON {time, worker, pid, phase}, refreshed while alive worker 0
+    runner-heartbeat         JSON {time, pid, host}, refreshed while it watches     runner
     logs/worker-N.log        the container's stdout and stderr                      worker N
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
     checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
@@ -39,15 +40,18 @@ NUM_WORKERS = "RUNNER_NUM_WORKERS"
 COMMAND = "RUNNER_COMMAND"  # JSON list: the custom command; absent means the built-in trainer
 TRAINING = "RUNNER_TRAINING"  # JSON: the spec's training section, for the built-in trainer
 MAX_RUNTIME_S = "RUNNER_MAX_RUNTIME_S"
+DEADLINE = "RUNNER_DEADLINE"  # unix time when the run must be over, across restarts after preemptions
 HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
 SYNC_S = "RUNNER_SYNC_S"
 GRACE_S = "RUNNER_GRACE_S"
+SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 
 # Run-directory layout (relative keys, '/'-separated on every storage).
 SPEC = "spec.yaml"
 RUN_INFO = "run.json"
 EVENTS_DIR = "events"
 HEARTBEAT = "heartbeat"
+RUNNER_HEARTBEAT = "runner-heartbeat"  # written by the submitting runner while it watches
 LOGS_DIR = "logs"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"

@@ -6,14 +6,18 @@ Teardown is in a `finally`, and SIGINT/SIGTERM are turned into an exception duri
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner import contract, records
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, RunnerError
+from runner.errors import BackendError, RunnerError, UsageError
 from runner.events import Event, EventLog
 from runner.interrupts import Interrupted, signals_deferred, signals_raise
 from runner.plan import Plan
@@ -89,6 +93,61 @@ def start_record(plan: Plan, storage: Storage) -> RunRecord:
     return records.save(record)
 
 
+class RunnerHeartbeat:
+    """While the runner watches, `runner-heartbeat` in the run directory says so (every `every_s`). A run that set
+    teardown.runner_heartbeat_timeout stops itself, and its VM goes, when this stops for longer than that."""
+
+    def __init__(self, storage: Storage, every_s: float = 30.0) -> None:
+        self.storage, self.every_s = storage, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _beat(self) -> None:
+        beat = {"time": round(time.time(), 3), "pid": os.getpid(), "host": socket.gethostname()}
+        try:
+            self.storage.write_bytes(contract.RUNNER_HEARTBEAT, json.dumps(beat).encode())
+        except RunnerError as exc:
+            logging.getLogger(__name__).warning("could not write the runner heartbeat: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._beat()
+
+    def __enter__(self) -> RunnerHeartbeat:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+def _replace(backend: Backend, handle: Handle, storage: Storage, events: EventLog, grace_s: float) -> None:
+    """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew."""
+    events.emit("teardown_requested", state="replacing")
+    backend.teardown(handle, grace_s=grace_s)
+    _clear_exit_records(storage)
+
+
+def _clear_exit_records(storage: Storage) -> None:
+    """Before a machine is recreated: the old attempt's exit records (a preempted worker records `cancelled`) must
+    not end the new attempt. The old machine is gone, so nothing else writes them any more."""
+    for info in storage.list(contract.EXIT_DIR + "/"):
+        storage.delete(info.key)
+
+
+def _was_preempted(backend: Backend, handle: Handle, snapshot: Snapshot, num_workers: int) -> bool:
+    """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
+    if backend.ephemeral:
+        return False
+    try:
+        machine = backend.status(handle)
+    except RunnerError:
+        return False
+    finished = len(snapshot.exits) >= num_workers and all(e.state != RunState.CANCELLED for e in snapshot.exits)
+    return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
+
+
 def submit(
     plan: Plan,
     backend: Backend,
@@ -100,6 +159,12 @@ def submit(
     grace_s: float = 30.0,
     status_every_s: float = 10.0,
 ) -> Outcome:
+    if detach and plan.spec.teardown.runner_heartbeat_timeout:
+        raise UsageError(
+            "--detach and teardown.runner_heartbeat_timeout do not go together: the run would stop "
+            "itself once this runner returns",
+            hint="drop one of them",
+        )
     storage = open_storage(plan.run_dir)
     record = start_record(plan, storage)
     events = EventLog(storage, "runner")
@@ -109,29 +174,57 @@ def submit(
     snapshot: Snapshot | None = None
     poll_s = poll_s or (0.5 if plan.storage_is_local else 2.0)
     tail = LogTail(storage)
+    seen: set[tuple[float, str, str]] = set()
+    retries = plan.spec.retries
+    preemptions = failures = 0
     try:
-        with signals_raise():
-            record = records.save(record.updated(state=RunState.PROVISIONING))
-            handle = backend.provision(plan)
-            record = records.save(record.updated(state=RunState.STARTING, handle=handle.to_dict()))
-            storage.write_bytes(contract.RUN_INFO, records.run_info(record))
-            events.emit("provisioned", handle=handle.to_dict())
-            if detach:
-                state = RunState.STARTING
-                return Outcome(record, state, None, detached=True)
-            say("following the run; Ctrl-C stops it and tears everything down")
-            snapshot = follow(
-                storage,
-                on_output,
-                num_workers=plan.num_workers,
-                interval_s=poll_s,
-                tail=tail,
-                on_event=lambda e: _show_event(e, say),
-                machine_gone=_machine_gone(backend, handle, every_s=0 if backend.ephemeral else status_every_s),
-            )
-            state = derive_state(
-                snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
-            )
+        with signals_raise(), RunnerHeartbeat(storage):
+            while True:
+                record = records.save(record.updated(state=RunState.PROVISIONING))
+                handle = backend.provision(plan)
+                record = records.save(record.updated(state=RunState.STARTING, handle=handle.to_dict()))
+                storage.write_bytes(contract.RUN_INFO, records.run_info(record))
+                events.emit("provisioned", handle=handle.to_dict())
+                if detach:
+                    state = RunState.STARTING
+                    return Outcome(record, state, None, detached=True)
+                say("following the run; Ctrl-C stops it and tears everything down")
+                snapshot = follow(
+                    storage,
+                    on_output,
+                    num_workers=plan.num_workers,
+                    interval_s=poll_s,
+                    tail=tail,
+                    seen_events=seen,
+                    on_event=lambda e: _show_event(e, say),
+                    machine_gone=_machine_gone(backend, handle, every_s=0 if backend.ephemeral else status_every_s),
+                )
+                if _was_preempted(backend, handle, snapshot, plan.num_workers):
+                    if preemptions >= retries.preemptions:
+                        state = RunState.FAILED
+                        events.emit("preempted", attempt=preemptions + 1, retry=False)
+                        say(f"preempted again, after {preemptions} recreation(s): giving up (retries.preemptions)")
+                        break
+                    preemptions += 1
+                    events.emit("preempted", attempt=preemptions, retry=True)
+                    say(
+                        f"the machine was preempted: recreating it ({preemptions}/{retries.preemptions}); the job "
+                        "resumes from its newest checkpoint"
+                    )
+                    _replace(backend, handle, storage, events, grace_s)
+                    handle = None  # gone, confirmed: nothing for the finally below to tear down
+                    continue
+                state = derive_state(
+                    snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
+                )
+                if state == RunState.FAILED and failures < retries.failures:
+                    failures += 1
+                    events.emit("retrying_failure", attempt=failures)
+                    say(f"the job failed: running it again ({failures}/{retries.failures})")
+                    _replace(backend, handle, storage, events, grace_s)
+                    handle = None  # gone, confirmed: nothing for the finally below to tear down
+                    continue
+                break
     except Interrupted as exc:
         state = RunState.CANCELLED
         say(f"{exc}: stopping the run")

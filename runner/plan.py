@@ -81,7 +81,9 @@ def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
     return str(Path(url).expanduser().absolute())
 
 
-def job_env(spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, num_workers: int = 1) -> dict[str, str]:
+def job_env(
+    spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, deadline: float, num_workers: int = 1
+) -> dict[str, str]:
     """The environment every worker's container gets: the spec's env, then the contract (which wins)."""
     env = dict(spec.env)
     env.update(
@@ -92,8 +94,11 @@ def job_env(spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, num_work
             contract.WORKER_ID: "0",
             contract.STRATEGY: strategy,
             contract.MAX_RUNTIME_S: str(spec.teardown.max_runtime),
+            contract.DEADLINE: str(int(deadline)),
         }
     )
+    if spec.teardown.runner_heartbeat_timeout:
+        env[contract.SUBMITTER_TIMEOUT_S] = str(spec.teardown.runner_heartbeat_timeout)
     if spec.training is not None:
         env[contract.TRAINING] = spec.training.model_dump_json()
     if spec.command is not None:
@@ -107,7 +112,7 @@ def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = No
     run_id = new_run_id(spec.name, now)
     storage_url = resolve_storage(spec, storage, cloud=False)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
-    env = job_env(spec, run_id, run_dir, strategy=strategy)
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=now + spec.teardown.max_runtime)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
     return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, now + spec.teardown.max_runtime)
 
@@ -221,7 +226,7 @@ def plan_cloud(
     target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
-    env = job_env(spec, run_id, run_dir, strategy="auto", num_workers=workers)
+    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=now + spec.teardown.max_runtime, num_workers=workers)
     env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
     if spec.training is not None and spec.training.keras == "auto":
         env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs

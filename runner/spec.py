@@ -169,7 +169,33 @@ class TeardownSpec(_Model):
         description="Stop the job and delete the machine after this long ('45m', '12h', '2d' or seconds).",
     )
 
-    _parse_runtime = field_validator("max_runtime", mode="before")(parse_duration)
+    runner_heartbeat_timeout: int | None = Field(
+        None,
+        ge=60,
+        le=7 * 86_400,
+        description="Stop the job and delete the TPU VM when the submitting runner has not been heard from for "
+        "this long ('10m'). Off by default, so that a detached run or a closed laptop does not stop training.",
+    )
+
+    _parse_durations = field_validator("max_runtime", "runner_heartbeat_timeout", mode="before")(parse_duration)
+
+
+class RetrySpec(_Model):
+    """What is retried, and how often. A preemption is not the job's fault; a failure usually is."""
+
+    preemptions: int = Field(
+        3, ge=0, le=100, description="Recreate a preempted TPU VM this many times; the job resumes from its newest "
+        "checkpoint."
+    )
+    failures: int = Field(0, ge=0, le=10, description="Run the job again after it exits non-zero this many times.")
+    capacity_wait: int = Field(
+        0,
+        ge=0,
+        le=7 * 86_400,
+        description="When every zone is out of capacity, keep trying them for this long ('30m'); 0 gives up at once.",
+    )
+
+    _parse_wait = field_validator("capacity_wait", mode="before")(parse_duration)
 
 
 class JobSpec(_Model):
@@ -195,6 +221,7 @@ class JobSpec(_Model):
         "(local runs only; relative to the current directory).",
     )
     teardown: TeardownSpec = Field(default_factory=TeardownSpec)  # type: ignore[arg-type]
+    retries: RetrySpec = Field(default_factory=RetrySpec)  # type: ignore[arg-type]
 
     @field_validator("command", mode="before")
     @classmethod

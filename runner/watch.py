@@ -40,11 +40,12 @@ def follow(
     machine_gone: Callable[[], bool] | None = None,
     tail: LogTail | None = None,
     on_event: Callable[[Event], None] | None = None,
+    seen_events: set[tuple[float, str, str]] | None = None,
 ) -> Snapshot:
     """Stream `worker`'s log until every worker has an exit record, `stop(snapshot)` says so, or the machine is
     gone (then one last read catches what it wrote before it went). Returns the last snapshot."""
     tail = tail or LogTail(run_dir, worker)
-    seen: set[tuple[float, str, str]] = set()
+    seen = seen_events if seen_events is not None else set()
 
     def new_events() -> None:
         if on_event is None:

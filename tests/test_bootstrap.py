@@ -10,10 +10,12 @@ import base64
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,44 @@ def test_self_delete_follows_the_teardown_policy(tmp_path: Path, policy: str, co
     assert ("-X DELETE" in (log / "curl.log").read_text()) == deletes
     events = [p.read_text() for p in log.glob("upload.*") if '"source": "bootstrap-0"' in p.read_text()]
     assert f'"event": "container_exited", "exit_code": {code}' in max(events, key=len)
+
+
+def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_path: Path) -> None:
+    """Preemption or maintenance: SIGTERM to the script. The container is stopped, the node is not deleted."""
+    script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
+    docker = textwrap.dedent("""\
+        #!/bin/bash
+        printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
+        case "$1" in
+          run) trap 'exit 143' TERM; touch "$FAKE_LOG/running"; while sleep 0.1; do :; done ;;
+          stop) pkill -TERM -f "sleep 0.1" ; exit 0 ;;
+        esac
+        exit 0
+        """)
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    result_holder: list[subprocess.Popen[str]] = []
+    run_script_async(script, tmp_path, docker, result_holder)
+    proc = result_holder[0]
+    deadline = time.monotonic() + 20
+    while not (log / "running").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) != 0
+    assert "stop --time 25 tpu-runner-job" in (log / "docker.log").read_text()
+    assert "-X DELETE" not in (log / "curl.log").read_text()
+    events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
+    assert '"shutdown": true' in events
+    assert bin_dir.exists()
+
+
+def run_script_async(script: str, tmp_path: Path, docker: str, holder: list) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, body in (("curl", FAKE_CURL), ("docker", docker)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "TMPDIR": str(tmp_path),
+           "HOME": str(tmp_path)}
+    holder.append(subprocess.Popen(["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL))

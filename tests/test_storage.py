@@ -32,6 +32,13 @@ def test_write_read_ranges_and_missing(storage: Storage) -> None:
     assert storage.read_bytes("a/b.txt") == b"replaced"
 
 
+def test_delete_is_idempotent(storage: Storage) -> None:
+    storage.write_bytes("exit/worker-0.json", b"{}")
+    storage.delete("exit/worker-0.json")
+    storage.delete("exit/worker-0.json")
+    assert storage.read_bytes("exit/worker-0.json") is None and storage.list("exit/") == []
+
+
 def test_list_is_sorted_and_filtered_by_prefix(storage: Storage) -> None:
     for key in ["z.txt", "logs/worker-1.log", "logs/worker-0.log"]:
         storage.write_bytes(key, key.encode())

@@ -129,8 +129,30 @@ def test_max_runtime_stops_the_job(tmp_path: Path) -> None:
     t0 = time.monotonic()
     result = run_worker(env)
     assert time.monotonic() - t0 < 30
-    assert result.returncode == 143
+    assert result.returncode == 124  # a safety stop, like timeout(1): the VM is deleted even under on_success
+    record = exit_record(run_dir)
+    assert record["state"] == "timed_out" and "max_runtime" in record["error"]
+
+
+def test_the_runs_deadline_holds_across_restarts(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    env = worker_env(run_dir, [sys.executable, "-c", "import time; time.sleep(60)"],
+                     **{contract.MAX_RUNTIME_S: "3600", contract.DEADLINE: str(int(time.time()) + 1)})
+    assert run_worker(env).returncode == 124
     assert exit_record(run_dir)["state"] == "timed_out"
+
+
+def test_a_lost_submitter_stops_a_run_that_asked_for_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / contract.RUNNER_HEARTBEAT).write_text(json.dumps({"time": time.time() - 3600}))
+    env = worker_env(str(run_dir), [sys.executable, "-c", "import time; time.sleep(60)"],
+                     **{contract.SUBMITTER_TIMEOUT_S: "60"})
+    t0 = time.monotonic()
+    assert run_worker(env).returncode == 124
+    assert time.monotonic() - t0 < 30
+    record = exit_record(str(run_dir))
+    assert record["state"] == "cancelled" and "has not been heard from" in record["error"]
 
 
 def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:

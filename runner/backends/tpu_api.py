@@ -190,5 +190,26 @@ class TpuApi:
         return list(pager)
 
 
+    def list_queued_resources(self, project: str, zone: str) -> list[Any]:
+        pager = self.call(self.client.list_queued_resources, f"list queued resources in {zone}", project=project,
+                          zone=zone, parent=f"projects/{project}/locations/{zone}")
+        return list(pager)
+
+    def delete_queued_resource(self, name: str, *, project: str, zone: str) -> bool:
+        """Delete a queued resource and, with force, the nodes it holds; False if it was already gone."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import tpu_v2
+
+        request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
+        try:
+            self.call(self.client.delete_queued_resource, f"delete queued resource {name}", project=project,
+                      zone=zone, request=request)
+        except BackendError as exc:
+            if isinstance(exc.__cause__, gexc.NotFound):
+                return False
+            raise
+        return True
+
+
 def node_name(project: str, zone: str, node_id: str) -> str:
     return f"projects/{project}/locations/{zone}/nodes/{node_id}"

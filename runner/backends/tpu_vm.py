@@ -18,7 +18,7 @@ from typing import Any
 
 from runner import bootstrap, container
 from runner.backends.base import MachineState
-from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi
+from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi, explain
 from runner.errors import BackendError, NoCapacity
 from runner.interrupts import signals_deferred
 from runner.plan import Plan
@@ -110,14 +110,14 @@ class TpuVmBackend:
         *,
         say: Callable[[str], None] = print,
         poll_s: float = 5.0,
-        create_timeout_s: float = 1800.0,
         delete_timeout_s: float = 600.0,
+        backoff_s: float = 5.0,
     ) -> None:
         self.api = api or TpuApi()
         self.say = say
         self.poll_s = poll_s
-        self.create_timeout_s = create_timeout_s
         self.delete_timeout_s = delete_timeout_s
+        self.backoff_s = backoff_s
 
     # -- plan -------------------------------------------------------------------------------------------------
 
@@ -154,41 +154,51 @@ class TpuVmBackend:
     # -- provision --------------------------------------------------------------------------------------------
 
     def provision(self, plan: Plan) -> TpuVmHandle:
+        """Create the node in the first zone with capacity, in the spec's order, backing off between attempts
+        and cycling through the zones for up to retries.capacity_wait. Quota, permission and request errors stop
+        at once: no other zone fixes those."""
         cloud = plan.cloud
         assert cloud is not None
         if cloud.attach_node:
             return self._attach(plan)
-        errors: list[NoCapacity] = []
-        for zone in cloud.zones:
-            handle = TpuVmHandle(cloud.project, zone, cloud.node_id, created=True)
-            self.say(f"creating TPU node {cloud.node_id} ({cloud.accelerator.name}) in {zone}")
-            try:
-                operation = self.api.create_node(cloud.project, zone, cloud.node_id, node_request(plan, zone))
-                self._wait_ready(handle, operation)
-                return handle
-            except NoCapacity as exc:
-                self._discard(handle)
-                errors.append(exc)
-                self.say(
-                    f"{zone}: no capacity; trying the next zone" if zone != cloud.zones[-1] else f"{zone}: no capacity"
-                )
-            except BaseException:
-                self._discard(handle)  # Ctrl-C or a bug while creating: what was asked for is deleted
-                raise
-        raise NoCapacity(
-            f"no capacity for {cloud.accelerator.name} in {', '.join(cloud.zones)}",
-            hint=errors[-1].hint if errors else None,
-        )
+        give_up_at = time.monotonic() + plan.spec.retries.capacity_wait
+        backoff = self.backoff_s
+        last: NoCapacity | None = None
+        while True:
+            for zone in cloud.zones:
+                try:
+                    return self._create(plan, zone)
+                except NoCapacity as exc:
+                    last = exc
+                if time.monotonic() + backoff > give_up_at and zone == cloud.zones[-1]:
+                    raise NoCapacity(
+                        f"no capacity for {cloud.accelerator.name} in {', '.join(cloud.zones)}", hint=last.hint
+                    ) from last
+                self.say(f"{zone}: no capacity for {cloud.accelerator.name}; next attempt in {backoff:.0f}s")
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
 
-    def _wait_ready(self, handle: TpuVmHandle, operation: Any) -> None:
+    def _create(self, plan: Plan, zone: str) -> TpuVmHandle:
+        cloud = plan.cloud
+        assert cloud is not None
+        handle = TpuVmHandle(cloud.project, zone, cloud.node_id, created=True)
+        self.say(f"creating TPU node {cloud.node_id} ({cloud.accelerator.name}) in {zone}")
+        try:
+            operation = self.api.create_node(cloud.project, zone, cloud.node_id, node_request(plan, zone))
+            self._wait_ready(handle, operation, deadline=plan.deadline)
+            return handle
+        except BaseException:
+            # A stockout, an error, Ctrl-C or a bug while creating: whatever was asked for is deleted.
+            self._discard(handle)
+            raise
+
+    def _wait_ready(self, handle: TpuVmHandle, operation: Any, *, deadline: float) -> None:
         t0 = time.monotonic()
         last = None
         while True:
             if operation.done():
                 error = operation.exception()
                 if error is not None:
-                    from runner.backends.tpu_api import explain
-
                     raise explain(
                         error, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
                     ) from error
@@ -201,11 +211,11 @@ class TpuVmBackend:
                 return
             if state in ("PREEMPTED", "TERMINATED", "STOPPED"):
                 raise BackendError(f"node {handle.node_id} went {state} while being created")
-            if time.monotonic() - t0 > self.create_timeout_s:
-                # A slow create is not a failure: the node is deleted only because we stop waiting for it.
+            if time.time() > deadline:
+                # A slow create is waited for, not failed: only the run's own deadline (max_runtime) ends the wait.
                 raise BackendError(
-                    f"node {handle.node_id} was not READY after {self.create_timeout_s:.0f}s",
-                    hint="raise the create timeout, or use a queued resource",
+                    f"node {handle.node_id} was not READY when the run's max_runtime ran out",
+                    hint="raise teardown.max_runtime, or list other zones",
                 )
             time.sleep(self.poll_s)
 

@@ -50,6 +50,10 @@ class Storage(Protocol):
         """Objects whose key starts with `prefix`, sorted by key."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Remove the object; no error if it does not exist."""
+        ...
+
 
 def open_storage(url: str, *, gcs_client: object | None = None) -> Storage:
     """Storage for gs://bucket/prefix (google-cloud-storage, client injectable) or a local path."""

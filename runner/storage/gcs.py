@@ -136,3 +136,13 @@ class GCSStorage:
         except gexc.GoogleAPIError as exc:
             raise self._wrap(exc, "list", prefix) from exc
         return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self._get_bucket().blob(self._name(key)).delete(retry=self._retry())
+        except gexc.NotFound:
+            return
+        except gexc.GoogleAPIError as exc:
+            raise self._wrap(exc, "delete", key) from exc

@@ -91,3 +91,9 @@ class LocalStorage:
                 if key.startswith(prefix):
                     out.append(ObjectInfo(key, path.stat().st_size))
         return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {self._path(key)}: {exc.strerror}") from exc

@@ -34,6 +34,9 @@ from runner.storage.local import LocalStorage
 from runner.worker.mirror import Mirror
 
 TAIL_LINES = 30
+# Like timeout(1): the job was stopped by a safety net (max_runtime, a lost runner), not by its own failure. The
+# bootstrap deletes the VM for this code even under teardown policy on_success.
+EXIT_SAFETY_STOP = 124
 
 
 def _set_pdeathsig() -> None:
@@ -57,6 +60,9 @@ class Supervisor:
         self.grace_s = float(environ.get(contract.GRACE_S, "30"))
         max_runtime = environ.get(contract.MAX_RUNTIME_S)
         self.max_runtime_s = float(max_runtime) if max_runtime else None
+        submitter = environ.get(contract.SUBMITTER_TIMEOUT_S)
+        self.submitter_timeout_s = float(submitter) if submitter else None
+        self.deadline = float(environ[contract.DEADLINE]) if environ.get(contract.DEADLINE) else None
         self.storage: Storage = open_storage(self.run_dir)
         if self.storage.is_local:
             self.output = Path(self.run_dir).absolute()
@@ -68,6 +74,8 @@ class Supervisor:
         self.output.mkdir(parents=True, exist_ok=True)
         self.local = LocalStorage(self.output)
         self.stop_reason: str | None = None
+        self.safety_stop: str | None = None  # why a safety net stopped the job (exit code 124 then)
+        self._last_submitter_check = 0.0
         self.started = now()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
@@ -143,6 +151,27 @@ class Supervisor:
             self.stop_reason = "cancelled"
             print(f"[runner] {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
 
+    def _check_safety_nets(self) -> None:
+        """max_runtime (from this start, and the run's absolute deadline across restarts) and, when the run asked
+        for it, the submitting runner's heartbeat. Either stops the job; the bootstrap then deletes the VM."""
+        now_s = time.time()
+        limits = [t for t in (self.started + self.max_runtime_s if self.max_runtime_s else None, self.deadline) if t]
+        if limits and now_s > min(limits):
+            self.stop_reason = "timed_out"
+            self.safety_stop = f"max_runtime ({self.max_runtime_s:.0f}s) passed"
+        elif self.submitter_timeout_s and now_s - self._last_submitter_check >= min(15.0, self.submitter_timeout_s / 4):
+            self._last_submitter_check = now_s
+            try:
+                raw = self.storage.read_bytes(contract.RUNNER_HEARTBEAT)
+                seen = float(json.loads(raw)["time"]) if raw else self.started
+            except Exception:  # unreadable now: the next check retries; never stop a job on a storage hiccup
+                return
+            if now_s - seen > self.submitter_timeout_s:
+                self.stop_reason = "cancelled"
+                self.safety_stop = f"the submitting runner has not been heard from for {now_s - seen:.0f}s"
+        if self.safety_stop:
+            print(f"[runner] {self.safety_stop}: stopping the job", file=sys.stderr, flush=True)
+
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             return
@@ -186,15 +215,9 @@ class Supervisor:
         pump.start()
         ticker = threading.Thread(target=self._ticker, daemon=True)
         ticker.start()
-        deadline = self.started + self.max_runtime_s if self.max_runtime_s else None
         while proc.poll() is None:
-            if deadline and time.time() > deadline and self.stop_reason is None:
-                self.stop_reason = "timed_out"
-                print(
-                    f"[runner] max_runtime of {self.max_runtime_s:.0f}s passed: stopping the job",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if self.stop_reason is None:
+                self._check_safety_nets()
             if self.stop_reason:
                 self._stop(proc)
                 break
@@ -204,11 +227,13 @@ class Supervisor:
         pump.join(5)
         self._done.set()
         ticker.join(5)
-        return self.finish(events, proc.returncode, None)
+        return self.finish(events, proc.returncode, self.safety_stop)
 
     def finish(self, events: EventLog, returncode: int | None, error: str | None) -> int:
         # A negative return code is the signal that killed the job; report it as a shell would (128 + signal).
         code = 127 if returncode is None else returncode if returncode >= 0 else 128 - returncode
+        if self.safety_stop:
+            code = EXIT_SAFETY_STOP
         state = self.stop_reason or ("succeeded" if code == 0 else "failed")
         record = {
             "worker": self.worker,
