@@ -228,6 +228,8 @@ def plan_cloud(
     workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=now + spec.teardown.max_runtime, num_workers=workers)
     env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+    if target.trainer_workers == "0":
+        env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.keras == "auto":
         env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
     return Plan(

@@ -184,8 +184,10 @@ class RetrySpec(_Model):
     """What is retried, and how often. A preemption is not the job's fault; a failure usually is."""
 
     preemptions: int = Field(
-        3, ge=0, le=100, description="Recreate a preempted TPU VM this many times; the job resumes from its newest "
-        "checkpoint."
+        3,
+        ge=0,
+        le=100,
+        description="Recreate a preempted TPU VM this many times; the job resumes from its newest checkpoint.",
     )
     failures: int = Field(0, ge=0, le=10, description="Run the job again after it exits non-zero this many times.")
     capacity_wait: int = Field(

@@ -7,10 +7,14 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from runner import datasets
+
+if TYPE_CHECKING:
+    from runner.emulator import TpuEmulator
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,3 +65,16 @@ def gcs(gcs_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def tpu_emulator(tmp_path: Path, gcs_server: str) -> Iterator[TpuEmulator]:
+    """The Cloud TPU API emulator (runner.emulator) on loopback: VMs under tmp_path, storage on gcs_server."""
+    from runner.emulator import TpuEmulator
+
+    emulator = TpuEmulator(workdir=tmp_path, gcs_endpoint=gcs_server)
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

@@ -227,7 +227,14 @@ def run_script_async(script: str, tmp_path: Path, docker: str, holder: list) -> 
     for name, body in (("curl", FAKE_CURL), ("docker", docker)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "TMPDIR": str(tmp_path),
-           "HOME": str(tmp_path)}
-    holder.append(subprocess.Popen(["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL))
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "TMPDIR": str(tmp_path),
+        "HOME": str(tmp_path),
+    }
+    holder.append(
+        subprocess.Popen(
+            ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    )

@@ -136,8 +136,11 @@ def test_max_runtime_stops_the_job(tmp_path: Path) -> None:
 
 def test_the_runs_deadline_holds_across_restarts(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    env = worker_env(run_dir, [sys.executable, "-c", "import time; time.sleep(60)"],
-                     **{contract.MAX_RUNTIME_S: "3600", contract.DEADLINE: str(int(time.time()) + 1)})
+    env = worker_env(
+        run_dir,
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        **{contract.MAX_RUNTIME_S: "3600", contract.DEADLINE: str(int(time.time()) + 1)},
+    )
     assert run_worker(env).returncode == 124
     assert exit_record(run_dir)["state"] == "timed_out"
 
@@ -146,8 +149,9 @@ def test_a_lost_submitter_stops_a_run_that_asked_for_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / contract.RUNNER_HEARTBEAT).write_text(json.dumps({"time": time.time() - 3600}))
-    env = worker_env(str(run_dir), [sys.executable, "-c", "import time; time.sleep(60)"],
-                     **{contract.SUBMITTER_TIMEOUT_S: "60"})
+    env = worker_env(
+        str(run_dir), [sys.executable, "-c", "import time; time.sleep(60)"], **{contract.SUBMITTER_TIMEOUT_S: "60"}
+    )
     t0 = time.monotonic()
     assert run_worker(env).returncode == 124
     assert time.monotonic() - t0 < 30

@@ -189,10 +189,14 @@ class TpuApi:
         )
         return list(pager)
 
-
     def list_queued_resources(self, project: str, zone: str) -> list[Any]:
-        pager = self.call(self.client.list_queued_resources, f"list queued resources in {zone}", project=project,
-                          zone=zone, parent=f"projects/{project}/locations/{zone}")
+        pager = self.call(
+            self.client.list_queued_resources,
+            f"list queued resources in {zone}",
+            project=project,
+            zone=zone,
+            parent=f"projects/{project}/locations/{zone}",
+        )
         return list(pager)
 
     def delete_queued_resource(self, name: str, *, project: str, zone: str) -> bool:
@@ -202,8 +206,13 @@ class TpuApi:
 
         request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
         try:
-            self.call(self.client.delete_queued_resource, f"delete queued resource {name}", project=project,
-                      zone=zone, request=request)
+            self.call(
+                self.client.delete_queued_resource,
+                f"delete queued resource {name}",
+                project=project,
+                zone=zone,
+                request=request,
+            )
         except BackendError as exc:
             if isinstance(exc.__cause__, gexc.NotFound):
                 return False

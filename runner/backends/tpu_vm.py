@@ -193,22 +193,23 @@ class TpuVmBackend:
             raise
 
     def _wait_ready(self, handle: TpuVmHandle, operation: Any, *, deadline: float) -> None:
+        """Until the create operation is done and the node READY, showing each state; polls every second at first,
+        then every poll_s (a TPU VM takes a minute or more to create)."""
         t0 = time.monotonic()
         last = None
         while True:
-            if operation.done():
-                error = operation.exception()
-                if error is not None:
-                    raise explain(
-                        error, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
-                    ) from error
+            done = operation.done()
+            if done and (error := operation.exception()) is not None:
+                raise explain(
+                    error, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
+                ) from error
             node = self.api.get_node(handle.project, handle.zone, handle.node_id)
-            state = node.state.name if node is not None else "PENDING"
+            state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 self.say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
-            if state == "READY":
-                return
+            if state == "READY" or (done and node is None):
+                return  # created (a job short enough may already have deleted its node: the watch sees it end)
             if state in ("PREEMPTED", "TERMINATED", "STOPPED"):
                 raise BackendError(f"node {handle.node_id} went {state} while being created")
             if time.time() > deadline:
@@ -217,12 +218,12 @@ class TpuVmBackend:
                     f"node {handle.node_id} was not READY when the run's max_runtime ran out",
                     hint="raise teardown.max_runtime, or list other zones",
                 )
-            time.sleep(self.poll_s)
+            time.sleep(min(self.poll_s, 1.0 + (time.monotonic() - t0) / 10))
 
     def _discard(self, handle: TpuVmHandle) -> None:
         try:
             with signals_deferred(self.say):  # a second Ctrl-C must not leave the half-created node behind
-                self.teardown(handle)
+                self._delete(handle, announce=False)
         except BackendError as exc:
             self.say(f"warning: could not delete {handle.node_id} in {handle.zone}: {exc}; `runner gc` will find it")
 
@@ -294,11 +295,16 @@ class TpuVmBackend:
         return state
 
     def teardown(self, handle: TpuVmHandle, *, grace_s: float = 30.0) -> None:  # type: ignore[override]
+        """Delete the node and confirm it is gone (whoever deleted it: this call, or its VM when the job ended)."""
         if not handle.created:
             self._stop_attached(handle, grace_s)
             return
+        self._delete(handle, announce=True)
+
+    def _delete(self, handle: TpuVmHandle, *, announce: bool) -> None:
         t0 = time.monotonic()
-        if self.api.delete_node(handle.project, handle.zone, handle.node_id):
+        requested = self.api.delete_node(handle.project, handle.zone, handle.node_id)
+        if requested and announce:
             self.say(f"deleting TPU node {handle.node_id}")
         while self.api.get_node(handle.project, handle.zone, handle.node_id) is not None:
             if time.monotonic() - t0 > self.delete_timeout_s:
@@ -307,7 +313,9 @@ class TpuVmBackend:
                     hint="check it in the console; `runner gc` retries",
                 )
             time.sleep(min(self.poll_s, 2.0))
-        self.say(f"TPU node {handle.node_id} is gone ({time.monotonic() - t0:.0f}s)")
+        if announce:
+            by = f"{time.monotonic() - t0:.0f}s" if requested else "its VM deleted it when the job ended"
+            self.say(f"TPU node {handle.node_id} is gone ({by})")
 
     def _stop_attached(self, handle: TpuVmHandle, grace_s: float) -> None:
         if handle.ssh_pid and container.process_alive(handle.ssh_pid):

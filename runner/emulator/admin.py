@@ -1,0 +1,104 @@
+"""The admin API under /_emulator/: faults, preemption, requests and state over HTTP, for tests and for curl.
+
+GET    /_emulator/health                 {"ok": true, "endpoint": ...}
+GET    /_emulator/requests               every request answered so far (?path=REGEX filters)
+POST   /_emulator/reset                  forget every node, operation, queued resource, fault and request
+GET    /_emulator/nodes                  nodes with their VMs (pids, directories, console logs)
+GET    /_emulator/faults                 the active faults
+POST   /_emulator/faults/<kind>          add one; kind: stockout, quota, permission, http, slow-create,
+                                         missing-image; JSON body: its fields (zone, count, status, ...)
+DELETE /_emulator/faults[/<id>]          clear all faults, or one
+POST   /_emulator/preempt                {"node": "<name or node id>"}: READY -> PREEMPTED, VMs stopped
+GET    /_emulator/images?name=IMAGE      whether `docker pull IMAGE` works (the docker shim asks)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from runner.emulator.errors import ApiError
+from runner.emulator.faults import fault_from_json
+from runner.emulator.server import Request, Response
+
+if TYPE_CHECKING:
+    from runner.emulator.emulator import TpuEmulator
+
+URL_KINDS = {
+    "stockout": "stockout",
+    "quota": "quota",
+    "permission": "permission",
+    "http": "http",
+    "slow-create": "slow_create",
+    "missing-image": "missing_image",
+}
+
+
+def _body(request: Request) -> dict[str, Any]:
+    try:
+        data = json.loads(request.body or b"{}")
+    except ValueError as exc:
+        raise ApiError("INVALID_ARGUMENT", f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError("INVALID_ARGUMENT", "the body must be a JSON object")
+    return data
+
+
+class Admin:
+    def __init__(self, emulator: TpuEmulator) -> None:
+        self.emulator = emulator
+
+    def handle(self, request: Request) -> Response:
+        path = request.path.removeprefix("/_emulator").rstrip("/") or "/"
+        try:
+            return self._route(request, path)
+        except ApiError as exc:
+            return Response.error(exc)
+        except (ValueError, TypeError, KeyError, re.error) as exc:
+            return Response.error(ApiError("INVALID_ARGUMENT", str(exc)))
+
+    def _route(self, request: Request, path: str) -> Response:
+        em = self.emulator
+        method = request.method
+        if (method, path) == ("GET", "/health"):
+            return Response.json({"ok": True, "endpoint": em.endpoint})
+        if (method, path) == ("GET", "/requests"):
+            pattern = request.query.get("path")
+            recorded = [r.to_json() for r in em.requests if not pattern or re.search(pattern, r.path)]
+            return Response.json({"requests": recorded})
+        if (method, path) == ("POST", "/reset"):
+            em.reset()
+            return Response.json({"reset": True})
+        if (method, path) == ("GET", "/nodes"):
+            return Response.json({"nodes": [n.to_json() for n in em.nodes()]})
+        if (method, path) == ("GET", "/faults"):
+            return Response.json({"faults": [f.to_json() for f in em.active_faults()]})
+        if (method, path) == ("DELETE", "/faults"):
+            em.clear_faults()
+            return Response.json({"faults": []})
+        if method == "DELETE" and path.startswith("/faults/"):
+            if not em.faults.remove(int(path.removeprefix("/faults/"))):
+                raise ApiError("NOT_FOUND", f"no fault {path.removeprefix('/faults/')}")
+            return Response.json({"removed": True})
+        if method == "POST" and path.startswith("/faults/"):
+            kind = URL_KINDS.get(path.removeprefix("/faults/"))
+            if kind is None:
+                raise ApiError("NOT_FOUND", f"unknown fault kind in {request.path}; known: {', '.join(URL_KINDS)}")
+            fault = em.faults.add(fault_from_json(kind, _body(request)))
+            return Response.json(fault.to_json())
+        if (method, path) == ("POST", "/preempt"):
+            node = _body(request).get("node")
+            if not isinstance(node, str):
+                raise ApiError("INVALID_ARGUMENT", 'the body must be {"node": "<node name or id>"}')
+            name = em.preempt(node, wait=False)
+            return Response.json({"preempted": name})
+        if (method, path) == ("GET", "/images"):
+            image = request.query.get("name", "")
+            fault = em.faults.take("missing_image", image=image)
+            present = fault is None
+            message = (fault.message if fault else None) or (
+                None if present else f"manifest for {image} not found: manifest unknown: manifest unknown"
+            )
+            return Response.json({"image": image, "present": present, "message": message})
+        raise ApiError("NOT_FOUND", f"no admin route {method} {request.path}; see GET /_emulator/health")

@@ -1,0 +1,313 @@
+"""TpuEmulator: the Cloud TPU API v2 emulator as one object to start, inject faults into, inspect and stop."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import threading
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from runner.emulator import metadata
+from runner.emulator.admin import Admin
+from runner.emulator.errors import ApiError
+from runner.emulator.faults import Fault, Faults, fault_from_json
+from runner.emulator.scheduler import Scheduler
+from runner.emulator.server import Api, HttpServer, RecordedRequest, Request, Response
+from runner.emulator.state import Cloud
+from runner.emulator.vm import VmInfo, VmLauncher
+
+# The Docker Registry HTTP API v2, as Artifact Registry serves it: HEAD/GET /v2/<name>/manifests/<tag or digest>.
+_MANIFEST_PATH = re.compile(r"^/v2/(?!projects/)(.+)/manifests/([^/]+)$")
+_VM_PATH = re.compile(r"^/_vm/([^/]+)/([^/]+)/([^/]+)/(\d+)/computeMetadata/v1(?:/(.*))?$")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as the emulator holds it: the API's view (`json`) plus its VMs."""
+
+    name: str
+    project: str
+    zone: str
+    node_id: str
+    state: str
+    accelerator_type: str
+    runtime_version: str
+    hosts: int
+    labels: dict[str, str]
+    metadata: dict[str, str]
+    queued_resource: str | None
+    vms: tuple[VmInfo, ...]
+    json: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["vms"] = [{k: str(v) if isinstance(v, Path) else v for k, v in asdict(vm).items()} for vm in self.vms]
+        return out
+
+
+class TpuEmulator:
+    """A Cloud TPU API v2 server on loopback whose READY nodes run their startup-script as local "VMs".
+
+    Point the real client at `endpoint` (transport="rest", anonymous credentials). `stop()` (or leaving the
+    `with` block) stops the server and every VM process.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        workdir: Path,
+        gcs_endpoint: str | None = None,
+        create_delay_s: float = 0.5,
+        delete_delay_s: float = 0.2,
+        vm_grace_s: float = 3.0,
+    ) -> None:
+        self.host, self._port = host, port
+        self.workdir = Path(workdir).absolute()
+        self.gcs_endpoint = gcs_endpoint
+        self.vm_grace_s = vm_grace_s
+        self.id = uuid.uuid4().hex[:12]
+        self.faults = Faults()
+        self.scheduler = Scheduler()
+        self.launcher = VmLauncher(self.workdir, self.id, gcs_endpoint)
+        self.cloud = Cloud(
+            faults=self.faults,
+            launcher=self.launcher,
+            scheduler=self.scheduler,
+            create_delay_s=create_delay_s,
+            delete_delay_s=delete_delay_s,
+            vm_grace_s=vm_grace_s,
+        )
+        self.api = Api(self.cloud, self.faults)
+        self.admin = Admin(self)
+        self._requests: list[RecordedRequest] = []
+        self._requests_lock = threading.Lock()
+        self._http: HttpServer | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> TpuEmulator:
+        if self._http is not None:
+            return self
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.launcher.install_shim()
+        self._http = HttpServer(self.host, self._port, self._dispatch, self._record)
+        self.launcher.endpoint = self.endpoint
+        self.cloud.closing.clear()
+        self.scheduler.start()
+        self._http.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, then stop every VM (SIGTERM, vm_grace_s, SIGKILL): nothing is left running."""
+        if self._http is None:
+            return
+        self._http.stop()
+        self.cloud.closing.set()
+        self.scheduler.stop()
+        self.launcher.stop_all(self.vm_grace_s)
+        self.cloud.join_threads(self.vm_grace_s + 10)
+        self._http = None
+
+    def __enter__(self) -> TpuEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._http is None:
+            raise RuntimeError("the emulator is not started")
+        return self._http.port
+
+    @property
+    def endpoint(self) -> str:
+        """http://127.0.0.1:PORT: the api_endpoint for TpuClient, and $RUNNER_TPU_ENDPOINT for the runner."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def reset(self) -> None:
+        """Forget every node (stopping its VMs), operation, queued resource, fault and recorded request."""
+        self.faults.clear()
+        self.scheduler.clear()
+        self.cloud.take_all_vms()
+        self.launcher.stop_all(self.vm_grace_s)
+        with self._requests_lock:
+            self._requests.clear()
+
+    # -- inspection ---------------------------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request answered so far, oldest first (a copy)."""
+        with self._requests_lock:
+            return list(self._requests)
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._requests_lock:
+            self._requests.append(request)
+
+    def nodes(self) -> list[NodeInfo]:
+        with self.cloud.lock:
+            return [self._info(n) for n in self.cloud.nodes.values()]
+
+    def node(self, node: str) -> NodeInfo | None:
+        with self.cloud.lock:
+            found = self.cloud.nodes.get(self._resolve(node, must_exist=False))
+            return self._info(found) if found is not None else None
+
+    def queued_resources(self) -> list[dict[str, Any]]:
+        with self.cloud.lock:
+            return [q.to_json() for q in self.cloud.queued.values()]
+
+    def _info(self, n: Any) -> NodeInfo:
+        data = n.to_json()
+        return NodeInfo(
+            n.name,
+            n.project,
+            n.zone,
+            n.node_id,
+            n.state,
+            n.accel.name,
+            str(n.spec.get("runtimeVersion", "")),
+            n.accel.hosts,
+            dict(n.spec.get("labels") or {}),
+            dict(n.spec.get("metadata") or {}),
+            n.queued_resource,
+            n.vms.info() if n.vms is not None else (),
+            data,
+        )
+
+    def _resolve(self, node: str, *, must_exist: bool = True) -> str:
+        """A full node name from a full name or a bare node id."""
+        if node.startswith("projects/"):
+            return node
+        matches = [name for name, n in self.cloud.nodes.items() if n.node_id == node]
+        if len(matches) == 1:
+            return matches[0]
+        if must_exist or matches:
+            what = "no node" if not matches else f"{len(matches)} nodes"
+            raise ApiError("NOT_FOUND" if not matches else "INVALID_ARGUMENT", f"{what} with id {node!r}")
+        return node
+
+    # -- faults -------------------------------------------------------------------------------------------------
+
+    def _add(self, kind: str, **fields: Any) -> Fault:
+        return self.faults.add(fault_from_json(kind, {k: v for k, v in fields.items() if v is not None}))
+
+    def stockout(self, zone: str | None = None, *, count: int | None = None, message: str | None = None) -> Fault:
+        """Creates in `zone` (every zone when None) are accepted, then their operation fails with code 8."""
+        return self._add("stockout", zone=zone, count=count, message=message)
+
+    def quota_exceeded(
+        self,
+        zone: str | None = None,
+        *,
+        count: int | None = None,
+        quota: str | None = None,
+        limit: int = 0,
+        message: str | None = None,
+    ) -> Fault:
+        """Creates in `zone` are answered at once with HTTP 429 RESOURCE_EXHAUSTED naming a quota."""
+        return self._add("quota", zone=zone, count=count, quota=quota, limit=limit, message=message)
+
+    def deny(self, permission: str = "tpu.nodes.create", *, count: int | None = None) -> Fault:
+        """Requests needing `permission` (an fnmatch pattern: tpu.nodes.* ...) get 403 PERMISSION_DENIED."""
+        return self._add("permission", permission=permission, count=count)
+
+    def http_errors(
+        self,
+        status: int,
+        count: int | None = 1,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        message: str | None = None,
+    ) -> Fault:
+        """The next `count` /v2/ requests (matching method and path regex) are answered with `status`."""
+        return self._add("http", status=status, count=count, method=method, path=path, message=message)
+
+    def slow_create(self, seconds: float, *, zone: str | None = None, count: int | None = None) -> Fault:
+        """Nodes created in `zone` stay CREATING for `seconds` instead of create_delay_s."""
+        return self._add("slow_create", seconds=seconds, zone=zone, count=count)
+
+    def missing_image(self, image: str = "*", *, count: int | None = None, message: str | None = None) -> Fault:
+        """`docker pull` (and `docker run`) of images matching the fnmatch pattern fails as for a missing image."""
+        return self._add("missing_image", image=image, count=count, message=message)
+
+    def active_faults(self) -> list[Fault]:
+        return self.faults.list()
+
+    def clear_faults(self, kind: str | None = None) -> None:
+        self.faults.clear(kind)
+
+    def preempt(self, node: str, *, wait: bool = True) -> str:
+        """READY -> PREEMPTED: its VMs get SIGTERM, SIGKILL after vm_grace_s. Returns the node's full name."""
+        with self.cloud.lock:
+            name = self._resolve(node)
+            group = self.cloud.preempt(name)
+        if group is not None:
+            if wait:
+                group.stop(self.vm_grace_s)
+            else:
+                self.cloud.spawn(group.stop, self.vm_grace_s)
+        return name
+
+    # -- dispatch -----------------------------------------------------------------------------------------------
+
+    def _manifest(self, name: str, tag: str) -> Response:
+        """The emulator doubles as the image registry, so pre-flight checks and `docker pull` on its VMs agree:
+        an image is there unless a missing_image fault names it. Point runner.image at it with
+        RUNNER_REGISTRY_ENDPOINT=<endpoint>."""
+        image = f"{name}{'@' if tag.startswith('sha256:') else ':'}{tag}"
+        missing = False
+        for fault in self.faults.list():
+            if fault.kind == "missing_image":
+                # The registry sees REPO/IMAGE:TAG; a fault names the full reference, with its registry host.
+                host, _, rest = (fault.image or "*").partition("/")
+                pattern = rest if rest and ("." in host or ":" in host) else fault.image or "*"
+                missing |= fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(image, pattern + ":*")
+        if missing:
+            return Response.json({"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}, 404)
+        return Response(
+            200,
+            b"{}",
+            "application/vnd.docker.distribution.manifest.v2+json",
+            {"Docker-Content-Digest": "sha256:" + "0" * 64},
+        )
+
+    def _dispatch(self, request: Request) -> Response:
+        manifest = _MANIFEST_PATH.match(request.path)
+        if manifest and request.method in ("HEAD", "GET"):
+            return self._manifest(*manifest.groups())
+        if request.path.startswith("/v2/"):
+            return self.api.handle(request)
+        if request.path == "/_emulator" or request.path.startswith("/_emulator/"):
+            return self.admin.handle(request)
+        match = _VM_PATH.match(request.path)
+        if match:
+            project, zone, node_id, worker, rest = match.groups()
+            with self.cloud.lock:
+                node = self.cloud.nodes.get(f"projects/{project}/locations/{zone}/nodes/{node_id}")
+                hostnames = [self.launcher.hostname(project, zone, node_id, w) for w in (node.workers if node else [])]
+                status, kind, body = metadata.serve(
+                    node, int(worker), hostnames, rest or "", request.query, request.headers.get("metadata-flavor")
+                )
+            return Response(status, body, kind, {"Metadata-Flavor": "Google"})
+        if request.path == "/":
+            return Response.json(
+                {
+                    "service": "Cloud TPU API v2 emulator",
+                    "api": f"{self.endpoint}/v2/",
+                    "admin": f"{self.endpoint}/_emulator/",
+                }
+            )
+        return Response.error(ApiError("NOT_FOUND", f"The requested URL {request.path} was not found on this server."))

@@ -1,0 +1,268 @@
+"""The TPU VM backend end to end on the two emulators: the real google-cloud-tpu and google-cloud-storage
+clients against the Cloud TPU API emulator and gcp-storage-emulator, the real bootstrap on the emulated VMs."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from runner.cli import app
+from runner.storage import open_storage
+
+IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
+
+
+@pytest.fixture
+def cloud(tpu_emulator, gcs: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Both emulators, and the runner pointed at them the way a user would: two environment variables."""
+    monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
+    monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    return tpu_emulator
+
+
+@pytest.fixture
+def bucket_url(gcs: str) -> str:
+    return f"gs://runner-test/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def gcs_mnist(gcs: str, mnist_npz: Path) -> str:
+    """Real MNIST in the bucket: on a VM the trainer reads its data from Cloud Storage, like a user's own."""
+    url = "gs://runner-test/data/mnist.npz"
+    store = open_storage("gs://runner-test/data")
+    if store.read_bytes("mnist.npz", start=len(mnist_npz.read_bytes()) - 1) is None:
+        store.upload_file(mnist_npz, "mnist.npz")
+    return url
+
+
+def job(tmp_path: Path, bucket_url: str, body: str, name: str = "e2e") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: {name}
+        image: {IMAGE}
+        accelerator: {{type: v2-8, zones: [us-central1-b, us-central1-c], project: test-project}}
+        storage: {bucket_url}
+        """)
+        + textwrap.dedent(body)
+    )
+    return path
+
+
+def submit(*args: str) -> object:
+    return CliRunner().invoke(app, ["submit", *args], catch_exceptions=False)
+
+
+def run_id_of(output: str) -> str:
+    return next(line.split()[1] for line in output.splitlines() if line.startswith("Run "))
+
+
+def events(run_dir: str) -> list[dict]:
+    store = open_storage(run_dir)
+    out = []
+    for info in store.list("events/"):
+        out += [json.loads(line) for line in (store.read_bytes(info.key) or b"").splitlines()]
+    return sorted(out, key=lambda e: e["time"])
+
+
+@pytest.mark.slow
+def test_submit_trains_real_mnist_on_an_emulated_tpu_vm_and_deletes_it(
+    cloud, tmp_path: Path, bucket_url: str, gcs_mnist: str
+) -> None:  # type: ignore[no-untyped-def]
+    spec = job(
+        tmp_path,
+        bucket_url,
+        f"""\
+        training: {{model: mnist_mlp, epochs: 2, batch_size: 128, max_train_examples: 1024, max_test_examples: 512,
+                   data: {gcs_mnist}}}
+        """,
+    )
+    t0 = time.time()
+    result = submit(str(spec))
+    assert result.exit_code == 0, result.output
+    run_id = run_id_of(result.output)
+    run_dir = f"{bucket_url}/runs/{run_id}"
+    for text in [
+        "creating TPU node",
+        "READY",
+        "bootstrap-0: container started",
+        "Epoch 2/2",
+        "test accuracy",
+        f"TPU node {run_id} is gone",
+    ]:
+        assert text in result.output, text
+    keys = {o.key for o in open_storage(run_dir).list()}
+    assert {
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoints/latest.json",
+        "checkpoints/ckpt-000002.keras",
+        "logs/worker-0.log",
+        "exit/worker-0.json",
+        "events/bootstrap-0.jsonl",
+        "spec.yaml",
+    } <= keys
+    summary = json.loads(open_storage(run_dir).read_bytes("summary.json") or b"{}")
+    assert summary["keras"] == "tf_keras"  # what a TPU run uses by default (keras-team/keras#19448)
+    assert not cloud.nodes(), "the emulator still holds a node"
+    # The API calls one job made, in order: create, polls, delete, and the confirmation that it is gone.
+    calls = [(r.method, r.path) for r in cloud.requests if r.path.startswith("/v2/")]
+    assert calls[0] == ("POST", "/v2/projects/test-project/locations/us-central1-b/nodes")
+    assert ("DELETE", f"/v2/projects/test-project/locations/us-central1-b/nodes/{run_id}") in calls
+    timeline = {e["event"]: round(e["time"] - t0, 2) for e in events(run_dir)}
+    print("timeline (s after submit):", json.dumps(timeline))
+    assert (
+        timeline["submitted"]
+        < timeline["bootstrap_started"]
+        < timeline["container_started"]
+        < timeline["worker_exited"]
+        < timeline["delete_requested"]
+    )
+
+
+def test_stockout_in_the_first_zone_moves_to_the_next(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.stockout("us-central1-b")
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(\"hi from the vm\")']\n")))
+    assert result.exit_code == 0, result.output
+    assert "us-central1-b: no capacity" in result.output and "in us-central1-c" in result.output
+    assert "hi from the vm" in result.output
+    assert not cloud.nodes()
+
+
+def test_stockout_everywhere_is_exit_5_and_leaves_nothing(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.stockout()
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(1)']\n")))
+    assert result.exit_code == 5
+    assert "no capacity for v2-8 in us-central1-b, us-central1-c" in result.output
+    assert not cloud.nodes()
+
+
+@pytest.mark.parametrize(
+    ("inject", "message", "hint"),
+    [
+        (lambda e: e.quota_exceeded(), "quota exhausted", "request more TPU quota"),
+        (lambda e: e.deny("tpu.nodes.create"), "permission denied", "tpu.nodes.create"),
+    ],
+)
+def test_errors_a_user_can_act_on(cloud, tmp_path: Path, bucket_url: str, inject, message: str, hint: str) -> None:  # type: ignore[no-untyped-def]
+    inject(cloud)
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(1)']\n")))
+    assert result.exit_code == 5, result.output
+    assert message in result.output and hint in result.output
+    assert "Traceback" not in result.output
+    assert not cloud.nodes()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_transient_errors_are_retried(cloud, tmp_path: Path, bucket_url: str, status: int) -> None:  # type: ignore[no-untyped-def]
+    cloud.http_errors(status, count=3)
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(\"ok after retries\")']\n")))
+    assert result.exit_code == 0, result.output
+    assert "ok after retries" in result.output
+    assert sum(r.status == status for r in cloud.requests) == 3
+
+
+def test_slow_create_is_waited_for(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.slow_create(4)
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(\"patience\")']\n")))
+    assert result.exit_code == 0, result.output
+    assert "CREATING" in result.output and "patience" in result.output
+
+
+def test_a_failing_job_is_reported_and_its_node_deleted(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'import sys; sys.exit(\"boom\")']\n")))
+    assert result.exit_code == 6
+    assert "boom" in result.output
+    assert not cloud.nodes()
+
+
+def test_missing_image_is_a_preflight_error_and_creates_nothing(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.missing_image(IMAGE)
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(1)']\n")))
+    assert result.exit_code == 2
+    assert f"image {IMAGE} is not in the registry" in result.output and "make push" in result.output
+    assert not any(r.method == "POST" for r in cloud.requests if r.path.startswith("/v2/projects"))
+
+
+def test_an_image_the_vm_cannot_pull_fails_the_run_and_deletes_the_node(
+    cloud, tmp_path: Path, bucket_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """When the registry cannot be asked beforehand (here: no endpoint, no credentials), the VM finds out."""
+    monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: cannot tell
+    cloud.missing_image(IMAGE)
+    result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(1)']\n")))
+    assert result.exit_code == 6
+    assert "warning: could not check" in result.output and "docker pull" in result.output
+    assert not cloud.nodes()
+
+
+def test_detach_then_status_and_logs_from_another_shell(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    script = "import time\\nfor i in range(4):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
+    result = submit(str(job(tmp_path, bucket_url, f'command: [python, -c, "{script}"]\n')), "--detach")
+    assert result.exit_code == 0, result.output
+    run_id = re.search(r"started (\S+) in the background", result.output).group(1)  # type: ignore[union-attr]
+    logs = CliRunner().invoke(app, ["logs", run_id, "--follow"], catch_exceptions=False)
+    assert "tick 3" in logs.output
+    deadline = time.monotonic() + 30
+    while cloud.nodes() and time.monotonic() < deadline:  # the VM deletes itself when its job is done
+        time.sleep(0.5)
+    assert not cloud.nodes()
+    status = CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False)
+    assert json.loads(status.output)["state"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_preemption_recreates_the_node_and_training_resumes(
+    cloud, tmp_path: Path, bucket_url: str, gcs_mnist: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Spot node preempted after its second checkpoint: the runner deletes it, creates a new one, and the trainer
+    continues from the newest checkpoint in the bucket instead of starting over."""
+    spec = job(
+        tmp_path,
+        bucket_url,
+        f"""\
+        training: {{model: mnist_mlp, epochs: 6, batch_size: 128, max_train_examples: 2048, max_test_examples: 256,
+                   data: {gcs_mnist}}}
+        """,
+        name="spot",
+    )
+    text = spec.read_text().replace("project: test-project}", "project: test-project, spot: true}")
+    spec.write_text(text)
+    preempted: list[str] = []
+
+    def preempt_after_epoch_two() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for node in cloud.nodes():
+                run_dir = node.metadata.get("tpu-runner-run-dir")
+                manifest = open_storage(run_dir).read_bytes("checkpoints/latest.json") if run_dir else None
+                if node.state == "READY" and manifest and json.loads(manifest)["epoch"] >= 2:
+                    preempted.append(cloud.preempt(node.node_id))
+                    return
+            time.sleep(0.3)
+
+    import threading
+
+    thread = threading.Thread(target=preempt_after_epoch_two, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert preempted, "the node was never preempted"
+    assert result.exit_code == 0, result.output
+    assert "preempted: recreating it (1/3)" in result.output
+    run_id = run_id_of(result.output)
+    run_dir = f"{bucket_url}/runs/{run_id}"
+    summary = json.loads(open_storage(run_dir).read_bytes("summary.json") or b"{}")
+    assert summary["resumed_from_epoch"] >= 2  # nothing before the newest checkpoint was trained again
+    log = (open_storage(run_dir).read_bytes("logs/worker-0.log") or b"").decode()
+    assert f"resumed from ckpt-{summary['resumed_from_epoch']:06d}.keras" in log
+    assert [e["event"] for e in events(run_dir)].count("preempted") == 1
+    assert not cloud.nodes()
