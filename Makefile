@@ -13,6 +13,8 @@ STAMP := $(VENV)/.installed-stamp
 JOB ?= jobs/mnist.yaml
 PYTEST_ARGS ?=
 
+include mk/image.mk
+
 .PHONY: help install data local-run test test-fast lint schema clean
 
 help:  ## show the targets
@@ -38,9 +40,9 @@ test: data lint  ## lint, then the whole test suite
 test-fast: data  ## the tests without the slow end-to-end ones
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
-lint: $(STAMP)  ## ruff
-	$(VENV)/bin/ruff check runner tests
-	$(VENV)/bin/ruff format --check runner tests
+lint: $(STAMP) lint-docker  ## ruff, hadolint, shellcheck
+	$(VENV)/bin/ruff check runner tests infra docker scripts
+	$(VENV)/bin/ruff format --check runner tests infra docker scripts
 
 schema: $(STAMP)  ## write runner.schema.json (editor completion for job files)
 	$(RUNNER) schema > runner.schema.json

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
+from runner.image import build as image_build  # typer and the standard library only
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -188,6 +190,12 @@ def submit(
         typer.echo(dry_run_text(plan, backend, rows))
         return
     _print_rows(rows)
+    if plan.cloud is not None:
+        from runner.image import require_in_registry
+
+        # Before anything is paid for: a VM that boots and cannot pull its image is the costliest typo.
+        if warning := require_in_registry(spec.image):
+            _say(f"warning: {warning}")
     from runner import lifecycle
 
     outcome = lifecycle.submit(plan, backend, say=_say, on_output=_write_output, detach=detach)
@@ -408,6 +416,11 @@ def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many ru
         _say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
         return
     _console().print(table)
+
+
+# -- image -------------------------------------------------------------------------------------------------------
+
+app.command("build")(image_build)
 
 
 # -- teardown --------------------------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+# The trainer image (docker/Dockerfile) and the one-time Google Cloud setup (infra/). Included by the Makefile.
+#
+#   make image VARIANT=cpu                                   build, tagged by content; skipped when the tag exists
+#   make push VARIANT=tpu PROJECT=p REGION=us-central1       build if needed, push; skipped when the registry has it
+#   make gcp-setup-dry-run PROJECT=p BUCKET=b                print every change the one-time setup would make
+#
+# PROJECT defaults to gcloud's configured project (read only when a target needs it).
+
+VARIANT ?= cpu
+PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)
+REGION ?= us-central1
+REPO ?= tpu-runner
+BUCKET ?= $(PROJECT)-tpu-runner
+SETUP_ARGS ?=
+IMAGE_ARGS = --variant $(VARIANT) $(if $(PROJECT),--project $(PROJECT)) --region $(REGION) --repo $(REPO)
+GCP_SETUP_ARGS = --project $(PROJECT) --region $(REGION) --bucket $(BUCKET) --repo $(REPO) $(SETUP_ARGS)
+PRUNE := \( -path ./.venv -o -path ./.git -o -path ./runs -o -path ./node_modules \) -prune
+DOCKERFILES = $(shell find . $(PRUNE) -o -type f \( -name Dockerfile -o -name 'Dockerfile.*' -o -name '*.Dockerfile' \) ! -name '*.dockerignore' -print)
+SHELL_SCRIPTS = $(shell find . $(PRUNE) -o -type f -name '*.sh' -print)
+
+.PHONY: image push image-ref image-lock lint-docker gcp-setup gcp-setup-dry-run
+
+image: $(STAMP)  ## build the trainer image (VARIANT=cpu|gpu|tpu) tagged by content
+	$(PY) -m runner.image $(IMAGE_ARGS)
+
+push: $(STAMP)  ## build if needed and push to Artifact Registry (PROJECT, REGION, REPO)
+	@test -n "$(PROJECT)" || { echo "make push needs PROJECT=... (or gcloud config set project)" >&2; exit 2; }
+	$(PY) -m runner.image $(IMAGE_ARGS) --push
+
+image-ref: $(STAMP)  ## print the image reference for this code (no Docker needed)
+	@$(PY) -m runner.image $(IMAGE_ARGS) --print-ref
+
+image-lock: $(STAMP)  ## re-resolve docker/constraints.txt (all variants) after a dependency change
+	$(PY) docker/requirements.py lock
+
+lint-docker: $(STAMP)  ## hadolint every Dockerfile, shellcheck every shell script
+	$(VENV)/bin/hadolint $(DOCKERFILES)
+	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
+
+gcp-setup-dry-run: $(STAMP)  ## print every change the one-time GCP setup would make (PROJECT, BUCKET)
+	$(PY) infra/gcp_setup.py $(GCP_SETUP_ARGS) --dry-run
+
+gcp-setup: $(STAMP)  ## one-time GCP setup: APIs, repository, bucket, service account (idempotent)
+	$(PY) infra/gcp_setup.py $(GCP_SETUP_ARGS)
