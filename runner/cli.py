@@ -440,13 +440,17 @@ def down(run: RunArg) -> None:
     if not record.handle:
         _say(f"{record.run_id} created nothing that could still run")
         return
+    from runner.status import read_snapshot
+
     backend = _backend_for(record.backend)
-    events = EventLog(open_storage(record.run_dir), "runner-down")  # its own file: the submitter may still write
+    storage = open_storage(record.run_dir)
+    finished = _current_state(record, read_snapshot(storage, with_metrics=False)).is_terminal()
+    events = EventLog(storage, "runner-down")  # its own file: the submitter may still be writing runner.jsonl
     events.emit("down_requested")
+    if not finished:  # recorded first: what the workers write while being stopped does not change what this was
+        record = records.save(record.updated(state=RunState.CANCELLED, finished_at=time.time()))
     backend.teardown(backend.handle_from_dict(record.handle))
     events.emit("down_done")
-    if not record.state.is_terminal():
-        records.save(record.updated(state=RunState.CANCELLED, finished_at=time.time()))
     _say(f"{record.run_id} is down")
 
 

@@ -112,7 +112,10 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True) -> Snapshot:
 def derive_state(
     snapshot: Snapshot, num_workers: int, recorded: RunState, *, machine_alive: bool | None, heartbeat_timeout_s: float
 ) -> RunState:
-    """The run's state from its exit records, the runner's own record and the heartbeat."""
+    """The run's state from its exit records, the runner's own record and the heartbeat. A run the user stopped
+    stays cancelled, whatever its workers recorded while being stopped."""
+    if recorded == RunState.CANCELLED:
+        return recorded
     if snapshot.exits and len(snapshot.exits) >= num_workers:
         return max((e.state for e in snapshot.exits), key=_SEVERITY.index)
     if snapshot.exits and any(e.state != RunState.SUCCEEDED for e in snapshot.exits):

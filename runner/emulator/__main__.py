@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"VM directories and console logs: {emulator.workdir}/<project>/<zone>/<node>/worker-<n>/")
     print("\nPoint the runner (and your shell) at it:\n")
     print(f"  export RUNNER_TPU_ENDPOINT={emulator.endpoint}")
+    print(f"  export RUNNER_REGISTRY_ENDPOINT={emulator.endpoint}   # it also answers as the image registry")
     if gcs_endpoint:
         print(f"  export STORAGE_EMULATOR_HOST={gcs_endpoint}")
     print(

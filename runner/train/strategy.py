@@ -87,7 +87,8 @@ def resolve_strategy(hint: str | None = None, tpu: str | None = None) -> Resolve
         except (ValueError, RuntimeError, tf.errors.OpError) as exc:
             if hint == "tpu":
                 raise StrategyError(f"no TPU reachable as {name!r}: {exc}") from exc
-            note = f"no TPU: {str(exc).splitlines()[0][:160]}"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            note = f"no TPU: {first.split('. ')[0].rstrip('.')[:100]}"  # the whole error goes to the log below
             log.warning("TPU not available, falling back: %s", exc)
     gpus = tf.config.list_physical_devices("GPU") if hint != "cpu" else []
     if hint == "gpu" and not gpus:
