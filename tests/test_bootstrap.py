@@ -67,7 +67,8 @@ exit 0
 """
 
 
-def run_script(script: str, tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[subprocess.CompletedProcess[str], Path]:
+def harness(tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[dict[str, str], Path]:
+    """PATH with the recording `curl` and `docker` first; returns the environment and the recording folder."""
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     bin_dir.mkdir()
     log.mkdir()
@@ -80,6 +81,11 @@ def run_script(script: str, tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[
         "TMPDIR": str(tmp_path),
         "HOME": str(tmp_path),
     }
+    return env, log
+
+
+def run_script(script: str, tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[subprocess.CompletedProcess[str], Path]:
+    env, log = harness(tmp_path, docker)
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
     return result, log
 
@@ -204,10 +210,10 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
         esac
         exit 0
         """)
-    bin_dir, log = tmp_path / "bin", tmp_path / "log"
-    result_holder: list[subprocess.Popen[str]] = []
-    run_script_async(script, tmp_path, docker, result_holder)
-    proc = result_holder[0]
+    env, log = harness(tmp_path, docker)
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 20
     while not (log / "running").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -217,24 +223,3 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
     assert "-X DELETE" not in (log / "curl.log").read_text()
     events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
     assert '"shutdown": true' in events
-    assert bin_dir.exists()
-
-
-def run_script_async(script: str, tmp_path: Path, docker: str, holder: list) -> None:
-    bin_dir, log = tmp_path / "bin", tmp_path / "log"
-    bin_dir.mkdir()
-    log.mkdir()
-    for name, body in (("curl", FAKE_CURL), ("docker", docker)):
-        (bin_dir / name).write_text(body)
-        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    env = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "FAKE_LOG": str(log),
-        "TMPDIR": str(tmp_path),
-        "HOME": str(tmp_path),
-    }
-    holder.append(
-        subprocess.Popen(
-            ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-    )

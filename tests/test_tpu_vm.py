@@ -119,13 +119,10 @@ def test_submit_trains_real_mnist_on_an_emulated_tpu_vm_and_deletes_it(
     assert ("DELETE", f"/v2/projects/test-project/locations/us-central1-b/nodes/{run_id}") in calls
     timeline = {e["event"]: round(e["time"] - t0, 2) for e in events(run_dir)}
     print("timeline (s after submit):", json.dumps(timeline))
-    assert (
-        timeline["submitted"]
-        < timeline["bootstrap_started"]
-        < timeline["container_started"]
-        < timeline["worker_exited"]
-        < timeline["delete_requested"]
-    )
+    # Whoever asks first (the VM, as soon as its container exits, or the runner once it sees the exit record).
+    first_delete = min(t for k, t in timeline.items() if k in ("delete_requested", "teardown_requested"))
+    assert timeline["submitted"] < timeline["bootstrap_started"] < timeline["container_started"]
+    assert timeline["container_started"] < timeline["worker_exited"] < first_delete
 
 
 def test_stockout_in_the_first_zone_moves_to_the_next(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -161,63 +161,51 @@ class TpuApi:
         except gexc.RetryError as exc:
             raise explain(exc.cause or exc, f"read TPU node {node_id}", project=project, zone=zone) from exc  # type: ignore[arg-type]
 
-    def delete_node(self, project: str, zone: str, node_id: str) -> bool:
-        """Ask for the node's deletion; False if it was already gone."""
+    def _delete(self, fn: Callable[..., Any], action: str, *, project: str, zone: str, **kwargs: Any) -> bool:
         from google.api_core import exceptions as gexc
 
         try:
-            self.call(
-                self.client.delete_node,
-                f"delete TPU node {node_id}",
-                project=project,
-                zone=zone,
-                name=node_name(project, zone, node_id),
-            )
+            self.call(fn, action, project=project, zone=zone, **kwargs)
         except BackendError as exc:
             if isinstance(exc.__cause__, gexc.NotFound):
                 return False
             raise
         return True
 
-    def list_nodes(self, project: str, zone: str) -> list[Any]:
-        pager = self.call(
-            self.client.list_nodes,
-            f"list TPU nodes in {zone}",
+    def delete_node(self, project: str, zone: str, node_id: str) -> bool:
+        """Ask for the node's deletion; False if it was already gone."""
+        return self._delete(
+            self.client.delete_node,
+            f"delete TPU node {node_id}",
             project=project,
             zone=zone,
-            parent=f"projects/{project}/locations/{zone}",
+            name=node_name(project, zone, node_id),
         )
-        return list(pager)
-
-    def list_queued_resources(self, project: str, zone: str) -> list[Any]:
-        pager = self.call(
-            self.client.list_queued_resources,
-            f"list queued resources in {zone}",
-            project=project,
-            zone=zone,
-            parent=f"projects/{project}/locations/{zone}",
-        )
-        return list(pager)
 
     def delete_queued_resource(self, name: str, *, project: str, zone: str) -> bool:
         """Delete a queued resource and, with force, the nodes it holds; False if it was already gone."""
-        from google.api_core import exceptions as gexc
         from google.cloud import tpu_v2
 
-        request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
-        try:
+        return self._delete(
+            self.client.delete_queued_resource,
+            f"delete queued resource {name}",
+            project=project,
+            zone=zone,
+            request=tpu_v2.DeleteQueuedResourceRequest(name=name, force=True),
+        )
+
+    def _list(self, fn: Callable[..., Any], what: str, project: str, zone: str) -> list[Any]:
+        return list(
             self.call(
-                self.client.delete_queued_resource,
-                f"delete queued resource {name}",
-                project=project,
-                zone=zone,
-                request=request,
+                fn, f"list {what} in {zone}", project=project, zone=zone, parent=f"projects/{project}/locations/{zone}"
             )
-        except BackendError as exc:
-            if isinstance(exc.__cause__, gexc.NotFound):
-                return False
-            raise
-        return True
+        )
+
+    def list_nodes(self, project: str, zone: str) -> list[Any]:
+        return self._list(self.client.list_nodes, "TPU nodes", project, zone)
+
+    def list_queued_resources(self, project: str, zone: str) -> list[Any]:
+        return self._list(self.client.list_queued_resources, "queued resources", project, zone)
 
 
 def node_name(project: str, zone: str, node_id: str) -> str:
