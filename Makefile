@@ -40,6 +40,9 @@ test: data lint  ## lint, then the whole test suite
 test-fast: data  ## the tests without the slow end-to-end ones
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
+faults: data  ## fault-injection suite on the TPU + Cloud Storage emulators; prints one table (FAULTS_ARGS=--only NAME)
+	$(PY) scripts/faults.py $(FAULTS_ARGS)
+
 lint: $(STAMP) lint-docker  ## ruff, hadolint, shellcheck
 	$(VENV)/bin/ruff check runner tests infra docker scripts
 	$(VENV)/bin/ruff format --check runner tests infra docker scripts

@@ -65,17 +65,33 @@ metadata() { curl -sf --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google'
 
 token() { metadata instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'; }
 
-# put KEY FILE: upload a file to the run directory (Cloud Storage JSON API, simple upload).
+# put KEY FILE [QUERY]: upload a file to the run directory (Cloud Storage JSON API, simple upload); QUERY adds
+# parameters such as a precondition.
 put() {
   curl -sf --retry 5 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/octet-stream' \
-    --data-binary @"$2" "${STORAGE_API}/upload/storage/v1/b/${BUCKET}/o?uploadType=media&name=$(urlencode "${PREFIX}/$1")" \
+    --data-binary @"$2" \
+    "${STORAGE_API}/upload/storage/v1/b/${BUCKET}/o?uploadType=media&name=$(urlencode "${PREFIX}/$1")${3:+&$3}" \
     >/dev/null
 }
 
-# exists KEY: is the object in the run directory?
+# get KEY FILE: download an object of the run directory; fails when there is none.
+get() {
+  curl -sf --retry 5 -o "$2" -H "Authorization: Bearer $(token)" \
+    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")?alt=media"
+}
+
+# exists KEY: 0 when the object is in the run directory, 1 when Cloud Storage says it is not (404), 2 when it
+# would not say (5xx after the retries, no network). Only a 404 may be taken for "missing": taking any failed
+# check for it would overwrite the job's own exit record.
 exists() {
-  curl -sf -o /dev/null -H "Authorization: Bearer $(token)" \
-    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")"
+  local code
+  code="$(curl -s --retry 5 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(token)" \
+    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")")"
+  case "$code" in
+    200) return 0 ;;
+    404) return 1 ;;
+    *) return 2 ;;
+  esac
 }
 
 now() { date +%s.%N | cut -c1-14; }
@@ -87,11 +103,13 @@ event() {
   put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
 }
 
-# write_exit STATE CODE MESSAGE: the exit record, when the container could not write its own.
+# write_exit STATE CODE MESSAGE: the exit record, when the container could not write its own. ifGenerationMatch=0:
+# Cloud Storage refuses it if a record is there after all, so the job's own is never replaced.
 write_exit() {
   printf '{"worker": %s, "state": "%s", "exit_code": %s, "started_at": %s, "finished_at": %s, "error": %s, "tail": []}\n' \
     "$WORKER" "$1" "$2" "$STARTED" "$(now)" "$(json_str "$3")" >"${WORKDIR}/exit.json"
-  put "exit/worker-${WORKER}.json" "${WORKDIR}/exit.json" || log "could not upload the exit record"
+  put "exit/worker-${WORKER}.json" "${WORKDIR}/exit.json" ifGenerationMatch=0 ||
+    log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
 }
 
 # finish CODE: worker 0 deletes the node when the policy says so (after every worker has an exit record).
@@ -124,6 +142,8 @@ finish() {
 mkdir -p "$WORKDIR"
 STARTED="$(now)"
 WORKER="$(metadata instance/attributes/agent-worker-number || echo 0)"
+# A recreated node (after a preemption) starts with an empty disk: carry on the events of the earlier boots.
+get "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || rm -f "${WORKDIR}/events.jsonl"
 event bootstrap_started "\"worker\": ${WORKER}, \"host\": $(json_str "$(hostname)")"
 
 if [ "$JOB_WORKERS" != all ] && [ "$WORKER" != "$JOB_WORKERS" ]; then
@@ -189,7 +209,12 @@ pkill -P "$watchdog" 2>/dev/null
 kill "$watchdog" 2>/dev/null
 [ -e "${WORKDIR}/watchdog-fired" ] && rc=124
 event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
-exists "exit/worker-${WORKER}.json" || write_exit failed "$rc" "the container exited with ${rc} before writing its exit record"
+found=0
+exists "exit/worker-${WORKER}.json" || found=$?
+case "$found" in
+  1) [ -n "$shutdown" ] || write_exit failed "$rc" "the container exited with ${rc} before writing its exit record" ;;
+  2) log "could not check for this worker's exit record; it is left as it is" ;;
+esac
 if [ -n "$shutdown" ]; then
   log "the VM is shutting down (preemption or maintenance): the node is left to the runner"
   exit "$rc"

@@ -7,7 +7,8 @@
     ├── RunNotFound              exit 3   no run record with that id
     ├── StorageError             exit 4   reading or writing the run directory failed
     ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
-    │   └── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
+    │   ├── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
+    │   └── Preempted            exit 5   the machine was taken back while being created (Spot)
     └── RunFailed                exit 6   the run ended, but not in success (trainer failed, cancelled)
 
 Code outside the CLI never calls sys.exit; it raises one of these, wrapping the underlying error with
@@ -66,6 +67,10 @@ class BackendError(RunnerError):
 
 class NoCapacity(BackendError):
     """A stockout: not the user's fault, and another zone (or later) may succeed."""
+
+
+class Preempted(BackendError):
+    """The provider took the machine back before the job could start; the runner counts it as a preemption."""
 
 
 class RunFailed(RunnerError):

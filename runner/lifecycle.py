@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from runner import contract, records
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, RunnerError, UsageError
+from runner.errors import BackendError, Preempted, RunnerError, UsageError
 from runner.events import Event, EventLog
 from runner.interrupts import Interrupted, signals_deferred, signals_raise
 from runner.plan import Plan
@@ -177,11 +177,20 @@ def submit(
     seen: set[tuple[float, str, str]] = set()
     retries = plan.spec.retries
     preemptions = failures = 0
+    settled = False
     try:
         with signals_raise(), RunnerHeartbeat(storage):
             while True:
                 record = records.save(record.updated(state=RunState.PROVISIONING))
-                handle = backend.provision(plan)
+                try:
+                    handle = backend.provision(plan)
+                except Preempted as exc:  # taken back while booting; the backend already deleted it
+                    if preemptions >= retries.preemptions:
+                        raise
+                    preemptions += 1
+                    events.emit("preempted", attempt=preemptions, retry=True, at="boot")
+                    say(f"{exc}: creating it again ({preemptions}/{retries.preemptions})")
+                    continue
                 record = records.save(record.updated(state=RunState.STARTING, handle=handle.to_dict()))
                 storage.write_bytes(contract.RUN_INFO, records.run_info(record))
                 events.emit("provisioned", handle=handle.to_dict())
@@ -217,7 +226,11 @@ def submit(
                 state = derive_state(
                     snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
                 )
+                # Every worker's record seen: that is the result. What the machine writes while it is being
+                # deleted (a bootstrap epilogue cut short) must not change it.
+                settled = len(snapshot.exits) >= plan.num_workers
                 if state == RunState.FAILED and failures < retries.failures:
+                    settled = False
                     failures += 1
                     events.emit("retrying_failure", attempt=failures)
                     say(f"the job failed: running it again ({failures}/{retries.failures})")
@@ -253,7 +266,7 @@ def submit(
                 on_output(rest)
             final = read_snapshot(storage)
             # The workers' own records say best how it ended (a cancel the job finished anyway stays cancelled).
-            if final.exits and state != RunState.CANCELLED:
+            if final.exits and state != RunState.CANCELLED and not settled:
                 state = derive_state(final, plan.num_workers, state, machine_alive=False, heartbeat_timeout_s=0)
             if not state.is_terminal():
                 state = RunState.LOST if not final.exits else state

@@ -19,7 +19,7 @@ from typing import Any
 from runner import bootstrap, container
 from runner.backends.base import MachineState
 from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi, explain
-from runner.errors import BackendError, NoCapacity
+from runner.errors import BackendError, NoCapacity, Preempted
 from runner.interrupts import signals_deferred
 from runner.plan import Plan
 from runner.records import runner_home
@@ -210,8 +210,14 @@ class TpuVmBackend:
                 last = state
             if state == "READY" or (done and node is None):
                 return  # created (a job short enough may already have deleted its node: the watch sees it end)
-            if state in ("PREEMPTED", "TERMINATED", "STOPPED"):
-                raise BackendError(f"node {handle.node_id} went {state} while being created")
+            if state in ("PREEMPTED", "TERMINATED"):
+                # Taken back before the job could start: a preemption, which the runner retries like any other.
+                raise Preempted(
+                    f"node {handle.node_id} was {state} as soon as it was created",
+                    hint="Spot capacity is short here: list more zones, or drop accelerator.spot",
+                )
+            if state == "STOPPED":
+                raise BackendError(f"node {handle.node_id} went STOPPED while being created")
             if time.time() > deadline:
                 # A slow create is waited for, not failed: only the run's own deadline (max_runtime) ends the wait.
                 raise BackendError(

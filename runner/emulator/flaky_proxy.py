@@ -1,17 +1,21 @@
-"""A fault-injecting HTTP proxy for a Cloud Storage emulator: the next N uploads of matching objects get a 5xx.
+"""A fault-injecting HTTP proxy for a Cloud Storage emulator: the next N matching uploads (or requests) get a 5xx.
 
 Put it in front of gcp-storage-emulator and hand its `url` to whoever should see the faults (e.g. the TPU API
 emulator's `gcs_endpoint`, so that only the emulated VMs talk through it):
 
     with FlakyProxy("http://127.0.0.1:9023") as proxy:
-        proxy.fail_uploads(r"/checkpoints/", count=3)          # 503 to the next 3 checkpoint uploads
+        proxy.fail_uploads(r"/checkpoints/", count=3)             # 503 to the next 3 checkpoint uploads
+        proxy.fail_uploads(r"/checkpoints/", 2, per_object=True)  # ... or to the first 2 of each checkpoint
+        proxy.fail_requests(r"/o/.*/exit/", 1, method="GET")      # 503 to the next read of an exit record
+        proxy.slow_answers(r"prefix=[^&]*/exit/", 3.0)            # listings of exit/ answered 3 s late
         emulator = TpuEmulator(workdir=..., gcs_endpoint=proxy.url)
 
 An upload is a POST or PUT under /upload/storage/v1/; its object name comes from the `name` query parameter
 (simple and resumable uploads) or from the JSON metadata part of a multipart upload (what google-cloud-storage
 sends for small files). A resumable session's later PUTs carry no name: they are matched by the session they
-belong to. Everything else is forwarded unchanged, Location headers rewritten so a client stays on the proxy.
-Every request is recorded (time, method, path, object name, status, whether it was injected).
+belong to. `fail_requests` fails any request, by method and path; `slow_answers` holds answers back. Everything
+else is forwarded unchanged, Location headers rewritten so that a client stays on the proxy. Every request is
+recorded (time, method, path, object name, status, whether it was injected).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 _HOP_BY_HOP = {
     "connection",
@@ -55,9 +60,56 @@ class ProxiedRequest:
 @dataclass
 class UploadFault:
     pattern: str  # regular expression searched in the object name
-    count: int  # how many more matching uploads get `status`
+    count: int  # how many more matching uploads get `status` (per object name when per_object)
+    status: int = 503
+    per_object: bool = False
+    fired: int = 0
+    _per_name: dict[str, int] = field(default_factory=dict)
+
+    def take(self, name: str) -> bool:
+        if not re.search(self.pattern, name):
+            return False
+        if self.per_object:
+            used = self._per_name.get(name, 0)
+            if used >= self.count:
+                return False
+            self._per_name[name] = used + 1
+        else:
+            if self.count <= 0:
+                return False
+            self.count -= 1
+        self.fired += 1
+        return True
+
+
+@dataclass
+class RequestFault:
+    pattern: str  # regular expression searched in the URL-decoded request path and query
+    count: int  # how many more matching requests get `status`
+    method: str | None = None  # only requests with this method
     status: int = 503
     fired: int = 0
+
+    def take(self, method: str, target: str) -> bool:
+        if self.count <= 0 or (self.method and self.method.upper() != method.upper()):
+            return False
+        if not re.search(self.pattern, unquote(target)):
+            return False
+        self.count -= 1
+        self.fired += 1
+        return True
+
+
+@dataclass
+class Latency:
+    pattern: str  # regular expression searched in the URL-decoded request path and query
+    seconds: float  # how long the answer is held back, after the upstream has answered
+    method: str | None = None
+
+    def matches(self, method: str, target: str) -> bool:
+        if self.method and self.method.upper() != method.upper():
+            return False
+        return re.search(self.pattern, unquote(target)) is not None
 
 
 def upload_object_name(method: str, target: str, body: bytes, content_type: str = "") -> str | None:
@@ -87,6 +139,14 @@ def upload_object_name(method: str, target: str, body: bytes, content_type: str 
     return None
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closes its keep-alive connection is not an error worth a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
 class FlakyProxy:
     """An HTTP proxy on loopback in front of `upstream` (http://host:port) that can fail chosen uploads."""
 
@@ -98,9 +158,11 @@ class FlakyProxy:
         self._up_host, self._up_port = parts.hostname, parts.port or 80
         self._lock = threading.Lock()
         self._faults: list[UploadFault] = []
+        self._request_faults: list[RequestFault] = []
+        self._latencies: list[Latency] = []
         self._sessions: dict[str, str] = {}  # resumable upload_id -> object name
         self._requests: list[ProxiedRequest] = []
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server = _Server((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -134,15 +196,40 @@ class FlakyProxy:
 
     # -- faults and records -------------------------------------------------------------------------------------
 
-    def fail_uploads(self, pattern: str, count: int, status: int = 503) -> UploadFault:
-        """The next `count` uploads whose object name matches `pattern` (re.search) are answered `status`."""
+    def fail_uploads(self, pattern: str, count: int, status: int = 503, *, per_object: bool = False) -> UploadFault:
+        """The next `count` uploads whose object name matches `pattern` (re.search) are answered `status`; with
+        `per_object`, the first `count` uploads of every matching object are."""
         re.compile(pattern)
         if not 500 <= status <= 599:
             raise ValueError("status must be a 5xx")
-        fault = UploadFault(pattern, count, status)
+        fault = UploadFault(pattern, count, status, per_object)
         with self._lock:
             self._faults.append(fault)
         return fault
+
+    def fail_requests(self, pattern: str, count: int, *, method: str | None = None, status: int = 503) -> RequestFault:
+        """The next `count` requests (of `method`, if given) whose URL-decoded path and query match `pattern`
+        (re.search) are answered `status`: reads, metadata checks, deletes, anything."""
+        re.compile(pattern)
+        if not 500 <= status <= 599:
+            raise ValueError("status must be a 5xx")
+        fault = RequestFault(pattern, count, method, status)
+        with self._lock:
+            self._request_faults.append(fault)
+        return fault
+
+    def slow_answers(self, pattern: str, seconds: float, *, method: str | None = None) -> Latency:
+        """Requests matching `pattern` (as for fail_requests) are forwarded at once, and their answer is held back
+        `seconds`: the caller learns late what was true when it asked."""
+        re.compile(pattern)
+        latency = Latency(pattern, float(seconds), method)
+        with self._lock:
+            self._latencies.append(latency)
+        return latency
+
+    def _latency(self, method: str, target: str) -> float:
+        with self._lock:
+            return sum(x.seconds for x in self._latencies if x.matches(method, target))
 
     @property
     def requests(self) -> list[ProxiedRequest]:
@@ -153,15 +240,14 @@ class FlakyProxy:
     def injected(self) -> list[ProxiedRequest]:
         return [r for r in self.requests if r.injected]
 
-    def _take(self, name: str | None) -> UploadFault | None:
-        if name is None:
-            return None
+    def _take(self, method: str, target: str, name: str | None) -> UploadFault | RequestFault | None:
         with self._lock:
             for fault in self._faults:
-                if fault.count > 0 and re.search(fault.pattern, name):
-                    fault.count -= 1
-                    fault.fired += 1
+                if name is not None and fault.take(name):
                     return fault
+            for request_fault in self._request_faults:
+                if request_fault.take(method, target):
+                    return request_fault
         return None
 
     def _record(self, request: ProxiedRequest) -> None:
@@ -237,13 +323,13 @@ class FlakyProxy:
                 body = self._read_body()
                 headers = dict(self.headers.items())
                 name = proxy._name_of(self.command, self.path, body, self.headers.get("Content-Type", ""))
-                fault = proxy._take(name)
+                fault = proxy._take(self.command, self.path, name)
                 if fault is not None:
                     payload = json.dumps(
                         {
                             "error": {
                                 "code": fault.status,
-                                "message": f"Injected {fault.status} for {name} (flaky proxy)",
+                                "message": f"Injected {fault.status} for {name or self.path} (flaky proxy)",
                                 "errors": [{"reason": "backendError", "message": "injected"}],
                             }
                         }
@@ -258,6 +344,8 @@ class FlakyProxy:
                     proxy._record(ProxiedRequest(arrived, self.command, self.path, name, 502, False))
                     self._answer(502, [("Content-Type", "application/json")], payload)
                     return
+                if (hold := proxy._latency(self.command, self.path)) > 0:
+                    time.sleep(hold)
                 proxy._remember_session(name, up_headers)
                 proxy._record(ProxiedRequest(arrived, self.command, self.path, name, status, False))
                 kept = [
