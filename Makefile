@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 include mk/image.mk
 
-.PHONY: help install data local-run test test-fast lint schema clean
+.PHONY: help install data local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
 
 help:  ## show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,15 @@ test-fast: data  ## the tests without the slow end-to-end ones
 
 faults: data  ## fault-injection suite on the TPU + Cloud Storage emulators; prints one table (FAULTS_ARGS=--only NAME)
 	$(PY) scripts/faults.py $(FAULTS_ARGS)
+
+bench: data  ## the 'GPU vs TPU' notebook's benchmark on this machine: table + plot in runs/bench-* (BENCH_ARGS=--quick)
+	$(RUNNER) bench $(BENCH_ARGS)
+
+bench-speedup: data  ## our trainer vs the notebook's plain model.fit at batch 1024: examples/s ratio and accuracies
+	$(PY) scripts/bench_speedup.py $(BENCH_ARGS)
+
+cli-bench: $(STAMP)  ## cold start of `runner --help` and `runner validate` next to the libraries' import cost
+	$(PY) scripts/bench_cli.py
 
 lint: $(STAMP) lint-docker  ## ruff, hadolint, shellcheck
 	$(VENV)/bin/ruff check runner tests infra docker scripts

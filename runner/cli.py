@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
+from runner.bench.command import bench  # typer and the standard library only
 from runner.image import build as image_build  # typer and the standard library only
 
 if TYPE_CHECKING:
@@ -60,17 +61,24 @@ SpecArg = Annotated[Path, typer.Argument(help="Job spec file (YAML).", show_defa
 RunArg = Annotated[str, typer.Argument(help="Run id (or a unique prefix), or a run directory (path or gs://).")]
 
 
-def _console(stderr: bool = False) -> Console:
+def _console() -> Console:
+    """rich, for the one table (`runner list`); everything else is plain text through typer, so the commands a user
+    runs most (validate, status, submit's messages) do not pay rich's import, and no message is read as markup."""
     from rich.console import Console
 
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 120  # logs and pipes: rich would assume 80 columns and fold every table row
     return console
 
 
+def _echo(text: str = "", *, err: bool = False) -> None:
+    typer.echo(text, err=err)
+
+
 def _say(text: str) -> None:
-    _console().print(f"[bold cyan]runner[/]: {text}")
+    # Colour only on a terminal: typer.echo strips ANSI codes when the output is a pipe or a file.
+    _echo(typer.style("runner", fg="cyan", bold=True) + f": {text}")
 
 
 def _write_output(chunk: bytes) -> None:
@@ -93,7 +101,7 @@ def _rows_text(rows: list[tuple[str, str]], title: str | None = None) -> str:
 
 
 def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
-    _console().print(_rows_text(rows, title), markup=False, highlight=False)
+    _echo(_rows_text(rows, title))
 
 
 # -- validate / schema ---------------------------------------------------------------------------------------------
@@ -112,7 +120,7 @@ def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.",
             failed.append(exc)
             continue
         what = f"{spec.training.model}, {spec.training.epochs} epochs" if spec.training else f"`{spec.command_line}`"
-        _console().print(f"[green]ok[/] {path}: job {spec.name!r} ({what})")
+        _echo(typer.style("ok", fg="green") + f" {path}: job {spec.name!r} ({what})")
     if failed:
         if len(failed) == 1:
             raise failed[0]
@@ -234,19 +242,18 @@ def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, de
 
     if detached:
         _say(f"started {record.run_id} in the background")
-        _console().print(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
+        _echo(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
         return
     assert snapshot is not None
-    console = _console()
-    console.print()
+    _echo()
     _print_rows(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
     tail = failure_tail(snapshot)
     if tail and state == RunState.FAILED:
-        console.print("[bold]last output:[/]")
+        _echo(typer.style("last output:", bold=True))
         for line in tail:
-            console.print(f"  {line}", markup=False)
+            _echo(f"  {line}")
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
@@ -334,7 +341,6 @@ def status(
             )
         )
         return
-    console = _console()
     rows = [
         ("job", record.job),
         ("backend", record.backend),
@@ -354,7 +360,7 @@ def status(
     _print_rows(rows, title=f"Run {record.run_id}")
     _print_rows(summary_rows(record.run_dir, state, snapshot))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
-        console.print(f"  {line}", markup=False)
+        _echo(f"  {line}")
 
 
 @app.command()
@@ -421,6 +427,11 @@ def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many ru
 # -- image -------------------------------------------------------------------------------------------------------
 
 app.command("build")(image_build)
+
+
+# -- bench -------------------------------------------------------------------------------------------------------
+
+app.command("bench")(bench)
 
 
 # -- teardown --------------------------------------------------------------------------------------------------
@@ -507,13 +518,12 @@ def gc(
 
 
 def _report(exc: RunnerError) -> None:
-    console = _console(stderr=True)
     first, _, rest = str(exc).partition("\n")
-    console.print(f"[bold red]error[/]: {first}", markup=True, highlight=False)
+    _echo(typer.style("error", fg="red", bold=True) + f": {first}", err=True)
     if rest:
-        console.print(rest, markup=False, highlight=False)
+        _echo(rest, err=True)
     if exc.hint:
-        console.print(f"[dim]hint: {exc.hint}[/]", highlight=False)
+        _echo(typer.style(f"hint: {exc.hint}", dim=True), err=True)
 
 
 def main() -> None:

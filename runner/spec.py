@@ -152,6 +152,11 @@ class TrainingSpec(_Model):
     steps_per_execution: int | None = Field(
         None, ge=1, le=10_000, description="Training steps per compiled call (cuts per-step overhead on TPU)."
     )
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "auto",
+        description="Keras dtype policy. auto: mixed_bfloat16 on TPU and on CPUs with native bfloat16 "
+        "(AVX512-BF16, AMX), mixed_float16 on GPUs of compute capability 7.0+, float32 elsewhere.",
+    )
 
 
 class TeardownSpec(_Model):

@@ -65,14 +65,30 @@ def _normalize(x: Any, *rest: Any) -> tuple[Any, ...]:
 
 
 def train_dataset(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int) -> Any:
-    """Shuffled each epoch, fixed batch shape. Pixels stay uint8 until after batching: a quarter of the
-    memory in the cache, and one vectorized cast per batch instead of one per example."""
+    """Shuffled each epoch, fixed batch shape. One permutation of the indices per epoch, then one gather and one
+    vectorized uint8->float32 cast per batch: the pixels stay uint8 in memory (a quarter of float32) and no op runs
+    per example. Measured against the former cache+shuffle(60000)+batch pipeline, iterated alone at batch 1024
+    (3 interleaved repetitions): 0.17 s instead of 0.51 s of CPU per epoch, CPU the 2-core trainer needs for its
+    steps. Like batch(drop_remainder=True), each epoch leaves out a different remainder."""
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
-    ds = ds.cache().shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(global_batch, drop_remainder=True).map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    n = len(x)
+    steps = n // global_batch
+    images, labels = tf.constant(x), tf.constant(y.astype(np.int32))  # labels converted once, not per batch
+
+    def permutation(pair: Any) -> Any:
+        order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=pair)
+        return tf.reshape(order[: steps * global_batch], [steps, global_batch])
+
+    def gather(index: Any) -> tuple[Any, ...]:
+        return _normalize(tf.gather(images, index), tf.gather(labels, index))
+
+    # Dataset.random gives each new iterator (each epoch: Keras starts one per epoch) a new, seeded seed pair.
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2).take(1)
+    ds = seeds.map(permutation).flat_map(tf.data.Dataset.from_tensor_slices)
+    # flat_map hides the length; Keras needs it to end epochs cleanly (else it counts one step too many).
+    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def eval_dataset(x: np.ndarray, y: np.ndarray, global_batch: int) -> Any:

@@ -1,0 +1,134 @@
+"""`runner bench`: the notebook's experiment on the devices here, our trainer against a plain model.fit.
+
+Only typer and the standard library are imported at module level, so registering the command keeps `runner --help`
+fast; TensorFlow is imported by the bench's worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+QUICK = {"epochs": 2, "examples": 8192, "test_examples": 2048}
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    from runner.errors import UsageError
+
+    try:
+        sizes = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 256,512,1024")
+    return sizes
+
+
+def _default_out() -> Path:
+    from runner import contract
+
+    if os.environ.get(contract.OUTPUT_DIR):  # a job: the run directory the supervisor mirrors
+        return contract.JobContext.from_env().output_dir
+    return Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+
+
+def bench(
+    batch_sizes: Annotated[
+        str, typer.Option("--batch-sizes", help="Comma-separated global batch sizes.")
+    ] = "256,512,1024",
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            help="Epochs per trainer and batch size, >= 2 (the first, compiling one is excluded). [default: 3]"
+        ),
+    ] = None,
+    examples: Annotated[
+        int | None, typer.Option(help="Train on the first N of the 60000 training examples. [default: all]")
+    ] = None,
+    test_examples: Annotated[
+        int | None, typer.Option(help="Evaluate on the first N of the 10000 test examples. [default: all]")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory for bench.md, bench.json, bench.png. [default: $RUNNER_OUTPUT_DIR in a job, "
+            "else runs/bench-TIMESTAMP]"
+        ),
+    ] = None,
+    compare: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Combine earlier results (bench.json files or their directories, repeat the option) side by "
+            "side with the notebook's numbers instead of running; with --out, writes compare.md and compare.png."
+        ),
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="A short run: 2 epochs on 8192 training and 2048 test examples.")] = False,
+    label: Annotated[str | None, typer.Option(help="Name of this run in tables. [default: the device]")] = None,
+    learning_rate: Annotated[float, typer.Option(help="Adam's learning rate, the same for both trainers.")] = 3e-3,
+    seed: Annotated[int, typer.Option(help="Seed for weights and shuffling, the same for both trainers.")] = 0,
+    precision: Annotated[
+        str, typer.Option(help="Our trainer's dtype policy: auto, float32, mixed_float16 or mixed_bfloat16.")
+    ] = "auto",
+    steps_per_execution: Annotated[
+        int | None, typer.Option(help="Our trainer's steps per execution. [default: the device's choice]")
+    ] = None,
+    xla: Annotated[
+        str, typer.Option(help="Our trainer's XLA compilation: auto (the device's choice), on or off.")
+    ] = "auto",
+    data: Annotated[str | None, typer.Option(help="An MNIST .npz (local or gs://). [default: the data cache]")] = None,
+) -> None:
+    """Reproduce the 'GPU vs TPU' notebook: epoch and per-example step time at each batch size, for our trainer
+    and for a plain model.fit on numpy arrays, epochs interleaved; writes bench.md, bench.json and bench.png."""
+    from runner.bench import report
+    from runner.errors import UsageError
+
+    if compare:
+        try:
+            results = [report.load(path) for path in compare]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        typer.echo(report.render_comparison(results))
+        if out:
+            written = report.write_comparison(results, out)
+            typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}")
+        return
+    from runner.bench.harness import BenchOptions, run_bench
+    from runner.train.perf import PRECISIONS
+
+    if precision != "auto" and precision not in PRECISIONS:
+        raise UsageError(f"--precision {precision!r}: use auto or one of {', '.join(PRECISIONS)}")
+    if xla not in ("auto", "on", "off"):
+        raise UsageError(f"--xla {xla!r}: use auto, on or off")
+    preset = QUICK if quick else {"epochs": 3, "examples": None, "test_examples": None}
+    options = BenchOptions(
+        batch_sizes=_batch_sizes(batch_sizes),
+        epochs=epochs if epochs is not None else int(preset["epochs"]),  # type: ignore[arg-type]
+        examples=examples if examples is not None else preset["examples"],
+        test_examples=test_examples if test_examples is not None else preset["test_examples"],
+        learning_rate=learning_rate,
+        seed=seed,
+        precision=precision,
+        steps_per_execution=steps_per_execution,
+        jit_compile=None if xla == "auto" else xla == "on",
+        data=data,
+        label=label,
+    )
+    if options.epochs < 2:
+        raise UsageError("--epochs must be at least 2: the first, compiling epoch is excluded from the times")
+    directory = out or _default_out()
+    typer.echo(
+        f"bench: batch sizes {', '.join(map(str, options.batch_sizes))}; {options.epochs} epochs each; "
+        f"{options.examples or 'all'} training examples; output {directory}",
+        err=True,
+    )
+    result = run_bench(options, directory, say=lambda line: typer.echo(line, err=True), command=" ".join(sys.argv))
+    written = report.write(result, directory)
+    typer.echo(report.render_markdown(result))
+    if written["plot"] is None:
+        typer.echo("matplotlib is not installed: no bench.png (pip install matplotlib)", err=True)
+    typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)

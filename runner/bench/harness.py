@@ -1,0 +1,233 @@
+"""The bench's driver: the trainers take turns epoch by epoch, so a slow spell of a shared machine hits both sides
+of each ratio.
+
+On CPU and GPU each (trainer, batch size) runs in its own worker process (the baseline needs TensorFlow's defaults,
+ours the settings perf.py makes before TensorFlow's import), all of them started at once and only one running at a
+time: epoch 1 of every arm, then epoch 2 of every arm, and so on. On a TPU the arms share the bench's process,
+because only one process per host may hold the TPU: one batch size after the other, the two trainers alternating.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.bench.arms import ArmSpec, EpochTime
+from runner.bench.report import ArmResult, BenchResult
+from runner.errors import RunnerError
+
+ORDER = ("baseline", "ours")
+
+
+class BenchError(RunnerError):
+    """A bench worker failed; the message ends with the tail of its log."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    batch_sizes: tuple[int, ...] = (256, 512, 1024)
+    epochs: int = 3
+    examples: int | None = None
+    test_examples: int | None = None
+    learning_rate: float = 3e-3
+    seed: int = 0
+    precision: str = "auto"
+    steps_per_execution: int | None = None
+    jit_compile: bool | None = None
+    data: str | None = None
+    label: str | None = None
+    in_process: bool | None = None  # None: in one process on a TPU host, in two worker processes elsewhere
+
+    def spec(self, trainer: str, batch_size: int) -> ArmSpec:
+        return ArmSpec(
+            trainer=trainer,
+            batch_size=batch_size,
+            epochs=self.epochs,
+            examples=self.examples,
+            test_examples=self.test_examples,
+            learning_rate=self.learning_rate,
+            seed=self.seed,
+            precision=self.precision,
+            steps_per_execution=self.steps_per_execution,
+            jit_compile=self.jit_compile,
+            data=self.data,
+        )
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class _Worker:
+    """One arm in its own process, spoken to over a pipe (see arms.serve)."""
+
+    def __init__(self, spec: ArmSpec, log: Path, mp: Any) -> None:
+        from runner.bench import arms
+
+        self.name, self.log = spec.trainer, log
+        self.conn, child = mp.Pipe()
+        self.process = mp.Process(target=arms.serve, args=(child, spec.as_dict(), str(log)), daemon=True)
+        self.process.start()
+        child.close()
+
+    def _reply(self) -> Any:
+        try:
+            tag, value = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.process.join(5)
+            raise BenchError(
+                f"the {self.name} worker exited (code {self.process.exitcode}); {self.log}:\n{_tail(self.log)}"
+            ) from exc
+        if tag == "error":
+            raise BenchError(f"the {self.name} worker failed; {self.log}:\n{_tail(self.log)}")
+        return value
+
+    def ready(self) -> dict[str, Any]:
+        return self._reply()  # type: ignore[no-any-return]
+
+    def epoch(self) -> EpochTime:
+        self.conn.send("epoch")
+        return EpochTime(*self._reply())
+
+    def finish(self) -> float:
+        self.conn.send("finish")
+        return float(self._reply())
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(10)
+
+
+class _InProcess:
+    """Both arms in this process (a TPU host); the same interface as _Worker."""
+
+    def __init__(self, arm: Any) -> None:
+        self.arm = arm
+
+    def ready(self) -> dict[str, Any]:
+        return self.arm.info  # type: ignore[no-any-return]
+
+    def epoch(self) -> EpochTime:
+        return self.arm.epoch()  # type: ignore[no-any-return]
+
+    def finish(self) -> float:
+        return self.arm.finish()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        pass
+
+
+Key = tuple[str, int]  # (trainer, batch size)
+
+
+def _start(options: BenchOptions, batches: tuple[int, ...], logs: Path, in_process: bool) -> dict[Key, Any]:
+    if in_process:
+        from runner.bench import arms
+
+        (batch,) = batches
+        ours = arms.make_arm(options.spec("ours", batch))  # resolves the strategy; the baseline reuses it
+        base = arms.make_arm(options.spec("baseline", batch), strategy=ours.strategy)  # type: ignore[union-attr]
+        return {("ours", batch): _InProcess(ours), ("baseline", batch): _InProcess(base)}
+    mp = multiprocessing.get_context("spawn")  # a fresh interpreter: TensorFlow reads its settings at import
+    logs.mkdir(parents=True, exist_ok=True)
+    return {(t, b): _Worker(options.spec(t, b), logs / f"{t}-batch{b}.log", mp) for b in batches for t in ORDER}
+
+
+def _rate(info: dict[str, Any], epoch: EpochTime) -> float:
+    return float(info["examples_per_epoch"]) / epoch.epoch_s
+
+
+def _run_group(
+    options: BenchOptions, batches: tuple[int, ...], out: Path, in_process: bool, say: Callable[[str], None]
+) -> tuple[list[ArmResult], dict[str, dict[str, Any]]]:
+    """Start every arm of these batch sizes, then let them take turns: epoch 1 of each, then epoch 2 of each, ...,
+    the order of the two trainers flipped on every turn (ABBA), so neither always runs first."""
+    workers = _start(options, batches, out / "bench-logs", in_process)
+    try:
+        info = {key: worker.ready() for key, worker in workers.items()}
+        times: dict[Key, list[EpochTime]] = {key: [] for key in workers}
+        turn = 0
+        for e in range(options.epochs):
+            for batch in batches:
+                for t in ORDER if turn % 2 == 0 else ORDER[::-1]:
+                    times[t, batch].append(workers[t, batch].epoch())
+                turn += 1
+                base, ours = times["baseline", batch][-1], times["ours", batch][-1]
+                ratio = _rate(info["ours", batch], ours) / _rate(info["baseline", batch], base)
+                note = "compiling, excluded" if e == 0 else f"ours {ratio:.2f}x the examples/s"
+                say(
+                    f"batch {batch}, epoch {e + 1}/{options.epochs}: plain fit {base.epoch_s:.1f} s, "
+                    f"ours {ours.epoch_s:.1f} s ({note})"
+                )
+        accuracy = {key: worker.finish() for key, worker in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    results = [
+        ArmResult(
+            trainer=t,
+            batch_size=b,
+            examples_per_epoch=int(info[t, b]["examples_per_epoch"]),
+            epoch_times_s=tuple(round(x.epoch_s, 4) for x in times[t, b]),
+            train_times_s=tuple(round(x.train_s, 4) for x in times[t, b]),
+            test_accuracy=accuracy[t, b],
+            settings={"keras": info[t, b]["keras"], **info[t, b]["settings"]},
+        )
+        for b in batches
+        for t in ORDER
+    ]
+    return results, {t: info[t, batches[0]] for t in ORDER}
+
+
+def run_bench(
+    options: BenchOptions, out: Path, say: Callable[[str], None] = print, command: str | None = None
+) -> BenchResult:
+    """On CPU and GPU all batch sizes run at once (2 worker processes each, one of them busy at any time), so a
+    slow spell hits every batch size as well as both trainers. On a TPU, one batch size after the other: all arms
+    live in this process, and each trainer arm initialises the TPU system."""
+    if options.epochs < 2:
+        raise BenchError("the bench needs at least 2 epochs: the first, compiling one is excluded")
+    if options.in_process is None:
+        from runner.train.strategy import tpu_present
+
+        in_process = tpu_present()
+    else:
+        in_process = options.in_process
+    groups = [(b,) for b in options.batch_sizes] if in_process else [tuple(options.batch_sizes)]
+    results: list[ArmResult] = []
+    info: dict[str, dict[str, Any]] = {}
+    for batches in groups:
+        group_results, info = _run_group(options, batches, out, in_process, say)
+        results += group_results
+    device = info["ours"].get("device", {})
+    versions = {"tensorflow": f"TensorFlow {info['ours']['tensorflow']}", "keras": info["ours"]["keras"]}
+    if info["baseline"]["keras"] != info["ours"]["keras"]:
+        versions["keras_baseline"] = f"{info['baseline']['keras']} (plain fit)"
+    schedule = (
+        "both trainers in one process (a TPU host allows one), epochs alternated, one batch size after the other"
+        if in_process
+        else "each trainer and batch size in its own process, epochs taking turns (ABBA), one running at a time"
+    )
+    return BenchResult(
+        label=options.label or device.get("label", "this machine"),
+        device=device,
+        versions=versions,
+        train_examples=int(info["baseline"]["examples_per_epoch"]),  # the plain fit trains on every example
+        test_examples=int(info["baseline"]["test_examples"]),
+        epochs=options.epochs,
+        schedule=schedule,
+        arms=tuple(results),
+        command=command if command is not None else " ".join(sys.argv),
+        created=round(time.time(), 3),
+    )

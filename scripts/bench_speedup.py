@@ -1,0 +1,102 @@
+"""Our trainer vs the notebook's plain `model.fit` on numpy arrays: examples/s and final test accuracy, one run.
+
+    .venv/bin/python scripts/bench_speedup.py                 # batch 1024, full MNIST, 3 epochs, seeds 0 and 1
+
+For each seed, both trainers train the same model (runner.train.models.mnist_cnn, Adam, same learning rate and
+seed) for the same number of epochs, each in its own process, taking turns epoch by epoch (ABBA) so that the noise
+of a shared machine hits both. It prints every epoch pair, the median ratio of examples/s over the pairs (the first,
+compiling epoch of each run left out), and both test accuracies. Our epochs include the validation pass the
+trainer runs after each epoch; the plain fit runs none, so the whole-epoch ratio is the conservative one.
+Exit status 1 when the ratio is under --target or the accuracies differ by more than --max-gap points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runner.bench.harness import BenchOptions, run_bench
+from runner.bench.report import ArmResult, BenchResult
+
+
+def _arm(result: BenchResult, trainer: str, batch_size: int) -> ArmResult:
+    arm = result.arm(trainer, batch_size)
+    assert arm is not None
+    return arm
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seeds", default="0,1", help="comma-separated; one interleaved run per seed")
+    parser.add_argument("--examples", type=int, default=None, help="first N training examples (default: all 60000)")
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--target", type=float, default=1.5)
+    parser.add_argument("--max-gap", type=float, default=0.3, help="accuracy gap allowed, in percentage points")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs' bench.json files here")
+    args = parser.parse_args()
+
+    runs: list[BenchResult] = []
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for seed in seeds:
+        options = BenchOptions(
+            batch_sizes=(args.batch_size,),
+            epochs=args.epochs,
+            examples=args.examples,
+            learning_rate=args.learning_rate,
+            seed=seed,
+        )
+        out = args.out / f"seed{seed}" if args.out else Path(tempfile.mkdtemp(prefix="bench-speedup-"))
+        print(f"seed {seed}: {args.epochs} epochs per trainer, batch {args.batch_size}", flush=True)
+        result = run_bench(options, out, say=lambda line: print("  " + line, flush=True))
+        if args.out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench.json").write_text(result.to_json())
+        runs.append(result)
+
+    ours = [_arm(r, "ours", args.batch_size) for r in runs]
+    base = [_arm(r, "baseline", args.batch_size) for r in runs]
+    pairs = [(o, b) for x, y in zip(ours, base, strict=True) for o, b in zip(x.rates(), y.rates(), strict=False)]
+    train_pairs = [
+        (o.examples_per_epoch / to, b.examples_per_epoch / tb)
+        for o, b in zip(ours, base, strict=True)
+        for to, tb in zip(o.train_times_s[1:], b.train_times_s[1:], strict=False)
+    ]
+    ratio = statistics.median(o / b for o, b in pairs)
+    train_ratio = statistics.median(o / b for o, b in train_pairs)
+    acc_ours = statistics.mean(a.test_accuracy for a in ours)
+    acc_base = statistics.mean(a.test_accuracy for a in base)
+    gap = (acc_ours - acc_base) * 100
+    first = runs[0]
+    print()
+    print(f"{first.label}; {', '.join(first.versions.values())}")
+    print(
+        f"batch {args.batch_size}, {first.train_examples} training examples, {args.epochs} epochs a run, seeds {seeds}"
+    )
+    print(f"{'epoch pair':>10} {'plain fit ex/s':>15} {'ours ex/s':>10} {'ratio':>7}")
+    for i, (o, b) in enumerate(pairs, 1):
+        print(f"{i:>10} {b:>15.0f} {o:>10.0f} {o / b:>6.2f}x")
+    base_rate, our_rate = statistics.median(b for _, b in pairs), statistics.median(o for o, _ in pairs)
+    print(f"median examples/s: plain fit {base_rate:.0f}, ours {our_rate:.0f}")
+    spread = f"pairs {min(o / b for o, b in pairs):.2f}x-{max(o / b for o, b in pairs):.2f}x"
+    print(f"speed-up, median of the per-pair ratios (whole epochs, ours with validation): {ratio:.2f}x ({spread})")
+    print(f"speed-up of the training part alone: {train_ratio:.2f}x (target for the whole epoch: >= {args.target}x)")
+    for seed, o, b in zip(seeds, ours, base, strict=True):
+        accuracies = f"plain fit {b.test_accuracy:.4f}, ours {o.test_accuracy:.4f}"
+        print(f"test accuracy after {args.epochs} epochs, seed {seed}: {accuracies}")
+    print(
+        f"mean test accuracy: plain fit {acc_base:.4f}, ours {acc_ours:.4f}: {gap:+.2f} points (allowed {args.max_gap})"
+    )
+    ok = ratio >= args.target and abs(gap) <= args.max_gap
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
