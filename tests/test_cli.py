@@ -50,7 +50,7 @@ def run_id_from(output: str) -> str:
     raise AssertionError(f"no run id in:\n{output}")
 
 
-def test_help_and_validate_import_neither_tensorflow_nor_google_sdks() -> None:
+def test_help_and_validate_import_neither_tensorflow_nor_google_sdks_nor_rich() -> None:
     probe = textwrap.dedent(f"""
         import json, sys
         from typer.testing import CliRunner
@@ -58,7 +58,7 @@ def test_help_and_validate_import_neither_tensorflow_nor_google_sdks() -> None:
         r1 = CliRunner().invoke(app, ["--help"])
         r2 = CliRunner().invoke(app, ["validate", {str(REPO / "jobs" / "mnist.yaml")!r}])
         heavy = sorted(m for m in sys.modules
-                       if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "numpy", "grpc")
+                       if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "numpy", "grpc", "rich", "matplotlib")
                        or m.startswith(("google.cloud", "google.api_core", "google.auth")))
         print(json.dumps([r1.exit_code, r2.exit_code, heavy]))
     """)

@@ -235,8 +235,10 @@ def plot(results: Sequence[BenchResult], path: Path) -> Path | None:
 
         matplotlib.use("Agg")  # no display in a container or CI
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return None
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # "60", not "6 x 10^1"
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     for label, points in _series(results):
         batches = sorted(points)
@@ -249,6 +251,8 @@ def plot(results: Sequence[BenchResult], path: Path) -> Path | None:
         axis.set_xticks(ticks, [str(b) for b in ticks])
         axis.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
         axis.set_yscale("log")
+        axis.yaxis.set_major_formatter(plain)
+        axis.yaxis.set_minor_formatter(plain)
         axis.set_xlabel("batch size")
         axis.set_ylabel(f"{title} ({unit})")
         axis.set_title(f"MNIST CNN: {title}")
