@@ -72,13 +72,9 @@ def _console() -> Console:
     return console
 
 
-def _echo(text: str = "", *, err: bool = False) -> None:
-    typer.echo(text, err=err)
-
-
 def _say(text: str) -> None:
     # Colour only on a terminal: typer.echo strips ANSI codes when the output is a pipe or a file.
-    _echo(typer.style("runner", fg="cyan", bold=True) + f": {text}")
+    typer.echo(typer.style("runner", fg="cyan", bold=True) + f": {text}")
 
 
 def _write_output(chunk: bytes) -> None:
@@ -101,7 +97,7 @@ def _rows_text(rows: list[tuple[str, str]], title: str | None = None) -> str:
 
 
 def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
-    _echo(_rows_text(rows, title))
+    typer.echo(_rows_text(rows, title))
 
 
 # -- validate / schema ---------------------------------------------------------------------------------------------
@@ -120,7 +116,7 @@ def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.",
             failed.append(exc)
             continue
         what = f"{spec.training.model}, {spec.training.epochs} epochs" if spec.training else f"`{spec.command_line}`"
-        _echo(typer.style("ok", fg="green") + f" {path}: job {spec.name!r} ({what})")
+        typer.echo(typer.style("ok", fg="green") + f" {path}: job {spec.name!r} ({what})")
     if failed:
         if len(failed) == 1:
             raise failed[0]
@@ -242,18 +238,18 @@ def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, de
 
     if detached:
         _say(f"started {record.run_id} in the background")
-        _echo(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
+        typer.echo(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
         return
     assert snapshot is not None
-    _echo()
+    typer.echo()
     _print_rows(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
     tail = failure_tail(snapshot)
     if tail and state == RunState.FAILED:
-        _echo(typer.style("last output:", bold=True))
+        typer.echo(typer.style("last output:", bold=True))
         for line in tail:
-            _echo(f"  {line}")
+            typer.echo(f"  {line}")
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
@@ -360,7 +356,7 @@ def status(
     _print_rows(rows, title=f"Run {record.run_id}")
     _print_rows(summary_rows(record.run_dir, state, snapshot))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
-        _echo(f"  {line}")
+        typer.echo(f"  {line}")
 
 
 @app.command()
@@ -519,11 +515,11 @@ def gc(
 
 def _report(exc: RunnerError) -> None:
     first, _, rest = str(exc).partition("\n")
-    _echo(typer.style("error", fg="red", bold=True) + f": {first}", err=True)
+    typer.echo(typer.style("error", fg="red", bold=True) + f": {first}", err=True)
     if rest:
-        _echo(rest, err=True)
+        typer.echo(rest, err=True)
     if exc.hint:
-        _echo(typer.style(f"hint: {exc.hint}", dim=True), err=True)
+        typer.echo(typer.style(f"hint: {exc.hint}", dim=True), err=True)
 
 
 def main() -> None:
