@@ -7,7 +7,8 @@
 # PROJECT defaults to gcloud's configured project (read only when a target needs it).
 
 VARIANT ?= cpu
-PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)
+# Expanded once, on first use: a plain $(shell ...) would run gcloud (about a second) at every mention.
+PROJECT ?= $(eval PROJECT := $(shell gcloud config get-value project 2>/dev/null))$(PROJECT)
 REGION ?= us-central1
 REPO ?= tpu-runner
 BUCKET ?= $(PROJECT)-tpu-runner

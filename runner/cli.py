@@ -191,7 +191,7 @@ def submit(
         ("run directory", plan.run_dir),
     ]
     if dry_run:
-        typer.echo(dry_run_text(plan, backend, rows))
+        typer.echo(dry_run_text(plan, rows))
         return
     _print_rows(rows)
     if plan.cloud is not None:
@@ -206,7 +206,7 @@ def submit(
     _finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
 
 
-def dry_run_text(plan: Plan, backend: Backend, rows: list[tuple[str, str]]) -> str:
+def dry_run_text(plan: Plan, rows: list[tuple[str, str]]) -> str:
     """What `submit --dry-run` prints: the plan, and for a TPU VM the exact request with its startup script."""
     parts = [_rows_text(rows, title="Plan (dry run: nothing is created, no API is called)")]
     if plan.cloud is None:
@@ -276,14 +276,15 @@ def _resolve(run: str) -> RunRecord:
     return records.load(run)
 
 
-def _current_state(record: RunRecord, snapshot: Snapshot) -> RunState:
+def _current_state(record: RunRecord, snapshot: Snapshot, backend: Backend | None = None) -> RunState:
+    """The run's state now. Pass `backend` when asking repeatedly (logs -f, list): one API client for all."""
     from runner.backends.base import MachineState
     from runner.errors import RunnerError
     from runner.status import derive_state
 
     alive = None
     if record.handle and not record.state.is_terminal():
-        backend = _backend_for(record.backend)
+        backend = backend or _backend_for(record.backend)
         try:
             machine = backend.status(backend.handle_from_dict(record.handle))
             alive = (
@@ -376,13 +377,14 @@ def logs(
         _write_output(storage.read_bytes(contract.log_key(worker)) or b"")
         return
 
+    backend = _backend_for(record.backend)
     follow_run(
         storage,
         _write_output,
         num_workers=record.num_workers,
         worker=worker,
         interval_s=0.5 if storage.is_local else 2.0,
-        stop=lambda snapshot: _current_state(record, snapshot).is_terminal(),
+        stop=lambda snapshot: _current_state(record, snapshot, backend).is_terminal(),
     )
 
 
@@ -399,10 +401,13 @@ def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many ru
 
     table = Table("run", "job", "backend", "state", "created", "test acc.", box=None, pad_edge=False)
     found = records.list_records()[:limit]
+    backends: dict[str, Backend] = {}
     for record in found:
         try:
             snapshot = read_snapshot(open_storage(record.run_dir), with_metrics=False)
-            state = str(_current_state(record, snapshot))
+            if record.backend not in backends:
+                backends[record.backend] = _backend_for(record.backend)
+            state = str(_current_state(record, snapshot, backends[record.backend]))
             accuracy = snapshot.summary.get("test_accuracy") if snapshot.summary else None
         except Exception as exc:  # one unreachable run directory must not hide the others
             state, accuracy = f"? ({type(exc).__name__})", None
@@ -451,7 +456,7 @@ def down(run: RunArg) -> None:
 
     backend = _backend_for(record.backend)
     storage = open_storage(record.run_dir)
-    finished = _current_state(record, read_snapshot(storage, with_metrics=False)).is_terminal()
+    finished = _current_state(record, read_snapshot(storage, with_metrics=False), backend).is_terminal()
     events = EventLog(storage, "runner-down")  # its own file: the submitter may still be writing runner.jsonl
     events.emit("down_requested")
     if not finished:  # recorded first: what the workers write while being stopped does not change what this was

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import typer
 
-from runner.errors import BackendError, PlanError, RunnerError, UsageError
+from runner.backends.tpu_api import CLOUD_PLATFORM
+from runner.errors import BackendError, PlanError, UsageError
 
 VARIANTS = ("cpu", "gpu", "tpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,6 @@ DOCKERFILE = "docker/Dockerfile"
 IMAGE_NAME = "trainer"  # images are trainer-cpu, trainer-gpu, trainer-tpu
 TAG_SCHEME = "tpu-runner-image-tag/1"  # bump when the definition of the tag changes
 REGISTRY_ENDPOINT_ENV = "RUNNER_REGISTRY_ENDPOINT"  # tests: send registry requests to http://127.0.0.1:PORT instead
-CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 MANIFEST_TYPES = ", ".join(
     [
         "application/vnd.oci.image.index.v1+json",
@@ -152,7 +152,8 @@ def content_digest(variant: str, *, root: Path = REPO_ROOT, build_args: dict[str
     dockerfile = root / DOCKERFILE
     if not dockerfile.is_file():
         raise UsageError(f"{dockerfile} not found", hint="build the image from a checkout of the repository")
-    args = effective_build_args(variant, build_args, dockerfile.read_text())
+    text = dockerfile.read_bytes()
+    args = effective_build_args(variant, build_args, text.decode())
     digest = hashlib.sha256()
 
     def put(*items: str | bytes) -> None:
@@ -160,7 +161,7 @@ def content_digest(variant: str, *, root: Path = REPO_ROOT, build_args: dict[str
             data = item.encode() if isinstance(item, str) else item
             digest.update(len(data).to_bytes(8, "big") + data)
 
-    put(TAG_SCHEME, dockerfile.read_bytes(), json.dumps(args, sort_keys=True))
+    put(TAG_SCHEME, text, json.dumps(args, sort_keys=True))
     for rel in context_files(root):
         path = root / rel
         if path.is_symlink():
@@ -198,7 +199,7 @@ def local_reference(variant: str, tag: str) -> str:
     return f"{image_name(variant)}:{tag}"
 
 
-# -- the Dockerfile, read as Docker would, for the process mode and the tests ------------------------------------
+# -- the Dockerfile, read as Docker would: its ARGs (for the tag), its final config (tests hold --process to it) -
 
 
 @dataclass(frozen=True)
@@ -256,12 +257,13 @@ def image_config(
 ) -> ImageConfig:
     """Follow the final stage's FROM chain through the stages of the Dockerfile and collect ENV, ENTRYPOINT, CMD,
     USER and WORKDIR. Supports the instructions docker/Dockerfile uses (not ONBUILD or shell-form ENV lists)."""
-    args = {**{k: v for k, v in _arg_defaults(dockerfile.read_text()) if v is not None}, **(build_args or {})}
+    text = dockerfile.read_text()
+    args = {**{k: v for k, v in _arg_defaults(text) if v is not None}, **(build_args or {})}
     args["VARIANT"] = variant
     global_scope = dict(args)
     stages: dict[str, dict] = {}
     current: dict | None = None
-    for keyword, rest in _instructions(dockerfile.read_text()):
+    for keyword, rest in _instructions(text):
         if keyword == "FROM":
             words = [w for w in rest.split() if not w.startswith("--platform")]
             base = _expand(words[0], global_scope)
@@ -556,23 +558,14 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runner.image [build options]` (what `make image` and `make push` run)."""
-    command = typer.Typer(add_completion=False)
-    command.command()(build)
-    try:
-        command(args=argv, standalone_mode=False)
-    except RunnerError as exc:
-        print(f"error: {exc}" + (f"\n  hint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
-        return exc.exit_code
-    except typer.Exit as exc:
-        return exc.exit_code
-    except Exception as exc:
-        import click
+    """`python -m runner.image [build options]` (what `make image` and `make push` run): `runner build`, with the
+    CLI's error reporting and exit codes."""
+    from runner.cli import app
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    try:
+        app(["build", *(sys.argv[1:] if argv is None else argv)], prog_name="runner")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     return 0
 
 

@@ -265,8 +265,8 @@ def submit(
             if rest:
                 on_output(rest)
             final = read_snapshot(storage)
-            # The workers' own records say best how it ended (a cancel the job finished anyway stays cancelled).
-            if final.exits and state != RunState.CANCELLED and not settled:
+            # The workers' own records say best how it ended (derive_state keeps a cancelled run cancelled).
+            if final.exits and not settled:
                 state = derive_state(final, plan.num_workers, state, machine_alive=False, heartbeat_timeout_s=0)
             if not state.is_terminal():
                 state = RunState.LOST if not final.exits else state

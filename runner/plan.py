@@ -112,9 +112,10 @@ def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = No
     run_id = new_run_id(spec.name, now)
     storage_url = resolve_storage(spec, storage, cloud=False)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
-    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=now + spec.teardown.max_runtime)
+    deadline = now + spec.teardown.max_runtime
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
-    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, now + spec.teardown.max_runtime)
+    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline)
 
 
 def check_image_for_cloud(image: str) -> None:
@@ -226,7 +227,8 @@ def plan_cloud(
     target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
-    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=now + spec.teardown.max_runtime, num_workers=workers)
+    deadline = now + spec.teardown.max_runtime
+    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
     env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
@@ -241,7 +243,7 @@ def plan_cloud(
         run_dir,
         env,
         now,
-        now + spec.teardown.max_runtime,
+        deadline,
         num_workers=workers,
         attach=target.attach_node is not None,
         cloud=target,

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runner.bench.harness import BenchOptions, run_bench
 from runner.bench.report import ArmResult, BenchResult
+from runner.storage.local import write_atomic
 
 
 def _arm(result: BenchResult, trainer: str, batch_size: int) -> ArmResult:
@@ -56,18 +57,13 @@ def main() -> int:
         print(f"seed {seed}: {args.epochs} epochs per trainer, batch {args.batch_size}", flush=True)
         result = run_bench(options, out, say=lambda line: print("  " + line, flush=True))
         if args.out:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench.json").write_text(result.to_json())
+            write_atomic(out / "bench.json", result.to_json().encode())
         runs.append(result)
 
     ours = [_arm(r, "ours", args.batch_size) for r in runs]
     base = [_arm(r, "baseline", args.batch_size) for r in runs]
-    pairs = [(o, b) for x, y in zip(ours, base, strict=True) for o, b in zip(x.rates(), y.rates(), strict=False)]
-    train_pairs = [
-        (o.examples_per_epoch / to, b.examples_per_epoch / tb)
-        for o, b in zip(ours, base, strict=True)
-        for to, tb in zip(o.train_times_s[1:], b.train_times_s[1:], strict=False)
-    ]
+    pairs = [pair for r in runs for pair in r.rate_pairs(args.batch_size)]
+    train_pairs = [pair for r in runs for pair in r.rate_pairs(args.batch_size, training_only=True)]
     ratio = statistics.median(o / b for o, b in pairs)
     train_ratio = statistics.median(o / b for o, b in train_pairs)
     acc_ours = statistics.mean(a.test_accuracy for a in ours)

@@ -156,7 +156,7 @@ def test_dry_run_golden() -> None:
     )
     backend = TpuVmBackend(api=object())  # type: ignore[arg-type]  # a dry run never touches the API
     rows = [("run", p.run_id), ("backend", p.backend), *backend.describe(p), ("run directory", p.run_dir)]
-    text = dry_run_text(p, backend, rows) + "\n"
+    text = dry_run_text(p, rows) + "\n"
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)

@@ -148,51 +148,50 @@ class TpuApi:
             node=node,
         )
 
-    def get_node(self, project: str, zone: str, node_id: str) -> Any | None:
-        """The node, or None if it does not exist."""
+    def _unless_missing(self, fn: Callable[..., T], action: str, *, project: str, zone: str, **kwargs: Any) -> T | None:
+        """`call`, with None for a resource that does not exist (never retried: NotFound is not transient)."""
         from google.api_core import exceptions as gexc
 
         try:
-            return self.client.get_node(name=node_name(project, zone, node_id), retry=self.retry)
-        except gexc.NotFound:
-            return None
-        except gexc.GoogleAPICallError as exc:
-            raise explain(exc, f"read TPU node {node_id}", project=project, zone=zone) from exc
-        except gexc.RetryError as exc:
-            raise explain(exc.cause or exc, f"read TPU node {node_id}", project=project, zone=zone) from exc  # type: ignore[arg-type]
-
-    def _delete(self, fn: Callable[..., Any], action: str, *, project: str, zone: str, **kwargs: Any) -> bool:
-        from google.api_core import exceptions as gexc
-
-        try:
-            self.call(fn, action, project=project, zone=zone, **kwargs)
+            return self.call(fn, action, project=project, zone=zone, **kwargs)
         except BackendError as exc:
             if isinstance(exc.__cause__, gexc.NotFound):
-                return False
+                return None
             raise
-        return True
+
+    def get_node(self, project: str, zone: str, node_id: str) -> Any | None:
+        """The node, or None if it does not exist."""
+        return self._unless_missing(
+            self.client.get_node,
+            f"read TPU node {node_id}",
+            project=project,
+            zone=zone,
+            name=node_name(project, zone, node_id),
+        )
 
     def delete_node(self, project: str, zone: str, node_id: str) -> bool:
         """Ask for the node's deletion; False if it was already gone."""
-        return self._delete(
+        operation = self._unless_missing(
             self.client.delete_node,
             f"delete TPU node {node_id}",
             project=project,
             zone=zone,
             name=node_name(project, zone, node_id),
         )
+        return operation is not None
 
     def delete_queued_resource(self, name: str, *, project: str, zone: str) -> bool:
         """Delete a queued resource and, with force, the nodes it holds; False if it was already gone."""
         from google.cloud import tpu_v2
 
-        return self._delete(
+        operation = self._unless_missing(
             self.client.delete_queued_resource,
             f"delete queued resource {name}",
             project=project,
             zone=zone,
             request=tpu_v2.DeleteQueuedResourceRequest(name=name, force=True),
         )
+        return operation is not None
 
     def _list(self, fn: Callable[..., Any], what: str, project: str, zone: str) -> list[Any]:
         return list(

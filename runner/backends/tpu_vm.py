@@ -271,13 +271,12 @@ class TpuVmBackend:
         remote = (
             f"echo {script} | base64 -d > /tmp/tpu-runner-bootstrap.sh && sudo -E bash /tmp/tpu-runner-bootstrap.sh"
         )
-        handle = TpuVmHandle(cloud.project, zone, cloud.attach_node, created=False)
         out = runner_home() / "runs" / f"{plan.run_id}.ssh.log"
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
             with out.open("ab") as log:
                 proc = subprocess.Popen(
-                    self.ssh_argv(handle, remote),
+                    self.ssh_argv(TpuVmHandle(cloud.project, zone, cloud.attach_node, created=False), remote),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,

@@ -1,29 +1,16 @@
-"""`python -m runner.bench`: the bench as a job's command (it writes into $RUNNER_OUTPUT_DIR) or by hand."""
+"""`python -m runner.bench`: the bench as a job's command (it writes into $RUNNER_OUTPUT_DIR) or by hand; the same
+command as `runner bench`, with the CLI's error reporting and exit codes."""
 
 from __future__ import annotations
 
 import sys
 
-import typer
 
-from runner.bench.command import bench
-from runner.errors import RunnerError
+def main() -> None:
+    from runner.cli import app
 
-
-def main() -> int:
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(bench)
-    try:
-        app()
-    except RunnerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0
-    return 0
+    app(["bench", *sys.argv[1:]], prog_name="runner")
 
 
 if __name__ == "__main__":  # not when a spawned worker process re-imports this module
-    sys.exit(main())
+    main()

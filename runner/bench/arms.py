@@ -71,16 +71,6 @@ def _timer(keras: Any) -> Any:
     return EpochTimer()
 
 
-def _keras_version() -> str:
-    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
-        import tf_keras
-
-        return f"tf_keras {tf_keras.__version__}"
-    import keras
-
-    return f"keras {keras.__version__}"
-
-
 class BaselineArm:
     """The plain fit. `strategy` is the one our arm resolved, when both share a process (a TPU); else the default."""
 
@@ -88,6 +78,7 @@ class BaselineArm:
         import numpy as np
         import tensorflow as tf
 
+        from runner.train import trainer
         from runner.train.data import find_mnist, limit
         from runner.train.models import build_model, make_optimizer
 
@@ -114,7 +105,7 @@ class BaselineArm:
             "trainer": "baseline",
             "examples_per_epoch": len(self.x),
             "test_examples": len(self.x_test),
-            "keras": _keras_version(),
+            "keras": trainer.keras_version(),
             "tensorflow": tf.__version__,
             "settings": {
                 "input": "numpy float32 arrays",
@@ -169,7 +160,7 @@ class TrainerArm:
         self.run = trainer.prepare(cfg, ctx, jit_compile=spec.jit_compile)
         self.callbacks, _ = trainer.make_callbacks(self.run)
         self.timer = _timer(self.run.keras)
-        self._fit = trainer.fit
+        self._trainer = trainer
         import tensorflow as tf
 
         resolved = self.run.resolved
@@ -177,7 +168,7 @@ class TrainerArm:
             "trainer": "ours",
             "examples_per_epoch": self.run.steps * spec.batch_size,
             "test_examples": self.run.test_examples,
-            "keras": _keras_version(),
+            "keras": trainer.keras_version(),
             "tensorflow": tf.__version__,
             "settings": {"input": "tf.data (runner.train.data)", **self.run.perf.as_dict()},
             "device": describe_device(tf, resolved.kind, resolved.devices, self.run.perf.cpu),
@@ -189,7 +180,7 @@ class TrainerArm:
 
     def epoch(self) -> EpochTime:
         e = self.epoch_index
-        self._fit(self.run, [*self.callbacks, self.timer], until_epoch=e + 1, from_epoch=e)
+        self._trainer.fit(self.run, [*self.callbacks, self.timer], until_epoch=e + 1, from_epoch=e)
         self.epoch_index += 1
         return self.timer.times[-1]
 
@@ -200,7 +191,9 @@ class TrainerArm:
 
 
 def describe_device(tf: Any, kind: str, devices: list[str], cpu: str) -> dict[str, Any]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from runner.train.perf import usable_cpus
+
+    cpus = usable_cpus()
     out: dict[str, Any] = {"kind": kind, "devices": devices, "cpu": cpu, "cpus": cpus}
     if kind == "gpu":
         gpus = tf.config.list_physical_devices("GPU")

@@ -13,11 +13,12 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from runner.bench.arms import ArmSpec, EpochTime
+from runner.bench.notebook import BATCH_SIZES
 from runner.bench.report import ArmResult, BenchResult
 from runner.errors import RunnerError
 
@@ -30,7 +31,7 @@ class BenchError(RunnerError):
 
 @dataclass(frozen=True)
 class BenchOptions:
-    batch_sizes: tuple[int, ...] = (256, 512, 1024)
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
     epochs: int = 3
     examples: int | None = None
     test_examples: int | None = None
@@ -44,19 +45,9 @@ class BenchOptions:
     in_process: bool | None = None  # None: in one process on a TPU host, in two worker processes elsewhere
 
     def spec(self, trainer: str, batch_size: int) -> ArmSpec:
-        return ArmSpec(
-            trainer=trainer,
-            batch_size=batch_size,
-            epochs=self.epochs,
-            examples=self.examples,
-            test_examples=self.test_examples,
-            learning_rate=self.learning_rate,
-            seed=self.seed,
-            precision=self.precision,
-            steps_per_execution=self.steps_per_execution,
-            jit_compile=self.jit_compile,
-            data=self.data,
-        )
+        """One arm's settings: every field ArmSpec shares with these options, and the arm's trainer and batch."""
+        shared = {f.name: getattr(self, f.name) for f in fields(ArmSpec) if f.name not in ("trainer", "batch_size")}
+        return ArmSpec(trainer=trainer, batch_size=batch_size, **shared)
 
 
 def _tail(path: Path, lines: int = 25) -> str:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.bench.notebook import NOTEBOOK, Published
+from runner.bench.notebook import NOTEBOOK
 from runner.storage.local import write_atomic
 
 SCHEMA = 1
@@ -51,6 +51,10 @@ class ArmResult:
         """Examples/s of each epoch after the first."""
         return [self.examples_per_epoch / t for t in self.epoch_times_s[1:]]
 
+    def train_rates(self) -> list[float]:
+        """Examples/s of the training part of each epoch after the first."""
+        return [self.examples_per_epoch / t for t in self.train_times_s[1:]]
+
 
 @dataclass(frozen=True)
 class BenchResult:
@@ -75,11 +79,17 @@ class BenchResult:
     def speedup(self, batch_size: int) -> float | None:
         """Median over the interleaved epoch pairs of ours' examples/s over the baseline's, the first pair left out:
         each pair ran back to back, so a slow spell of a shared machine hits both sides of a ratio."""
+        pairs = self.rate_pairs(batch_size)
+        return statistics.median(o / b for o, b in pairs) if pairs else None
+
+    def rate_pairs(self, batch_size: int, *, training_only: bool = False) -> list[tuple[float, float]]:
+        """(ours, baseline) examples/s of each interleaved epoch pair after the first; [] without both arms."""
         ours, base = self.arm("ours", batch_size), self.arm("baseline", batch_size)
         if not ours or not base:
-            return None
-        pairs = list(zip(ours.rates(), base.rates(), strict=False))
-        return statistics.median(o / b for o, b in pairs) if pairs else None
+            return []
+        if training_only:
+            return list(zip(ours.train_rates(), base.train_rates(), strict=False))
+        return list(zip(ours.rates(), base.rates(), strict=False))
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -285,7 +295,6 @@ def write_comparison(results: Sequence[BenchResult], directory: Path) -> dict[st
 __all__ = [
     "ArmResult",
     "BenchResult",
-    "Published",
     "load",
     "plot",
     "render_comparison",

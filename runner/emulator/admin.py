@@ -19,20 +19,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from runner.emulator.errors import ApiError
-from runner.emulator.faults import fault_from_json
+from runner.emulator.faults import KINDS, fault_from_json
 from runner.emulator.server import Request, Response
 
 if TYPE_CHECKING:
     from runner.emulator.emulator import TpuEmulator
 
-URL_KINDS = {
-    "stockout": "stockout",
-    "quota": "quota",
-    "permission": "permission",
-    "http": "http",
-    "slow-create": "slow_create",
-    "missing-image": "missing_image",
-}
+URL_KINDS = {kind.replace("_", "-"): kind for kind in KINDS}  # /faults/slow-create -> slow_create
 
 
 def _body(request: Request) -> dict[str, Any]:

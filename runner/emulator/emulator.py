@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import threading
 import uuid
@@ -138,7 +137,7 @@ class TpuEmulator:
         """Forget every node (stopping its VMs), operation, queued resource, fault and recorded request."""
         self.faults.clear()
         self.scheduler.clear()
-        self.cloud.take_all_vms()
+        self.cloud.forget_all()
         self.launcher.stop_all(self.vm_grace_s)
         with self._requests_lock:
             self._requests.clear()
@@ -268,14 +267,8 @@ class TpuEmulator:
         an image is there unless a missing_image fault names it. Point runner.image at it with
         RUNNER_REGISTRY_ENDPOINT=<endpoint>."""
         image = f"{name}{'@' if tag.startswith('sha256:') else ':'}{tag}"
-        missing = False
-        for fault in self.faults.list():
-            if fault.kind == "missing_image":
-                # The registry sees REPO/IMAGE:TAG; a fault names the full reference, with its registry host.
-                host, _, rest = (fault.image or "*").partition("/")
-                pattern = rest if rest and ("." in host or ":" in host) else fault.image or "*"
-                missing |= fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(image, pattern + ":*")
-        if missing:
+        # A presence check uses no fault count up: only a `docker pull` does.
+        if self.faults.peek("missing_image", image=image, registry=True) is not None:
             return Response.json({"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}, 404)
         return Response(
             200,

@@ -13,10 +13,10 @@ import itertools
 import re
 import threading
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Kind = Literal["stockout", "quota", "permission", "http", "slow_create", "missing_image"]
-KINDS: tuple[str, ...] = ("stockout", "quota", "permission", "http", "slow_create", "missing_image")
+KINDS: tuple[str, ...] = get_args(Kind)
 _FIELDS = ("zone", "count", "message", "quota", "limit", "permission", "status", "method", "path", "seconds", "image")
 
 
@@ -46,8 +46,12 @@ class Fault:
                 return False
             return self.path is None or re.search(self.path, ctx.get("path", "")) is not None
         if self.kind == "missing_image":
-            image = ctx.get("image", "")
-            return fnmatch.fnmatchcase(image, self.image) or fnmatch.fnmatchcase(image, self.image + ":*")
+            image, pattern = ctx.get("image", ""), self.image
+            if ctx.get("registry"):
+                # The registry sees REPO/IMAGE:TAG; a fault names the full reference, with its registry host.
+                host, _, rest = pattern.partition("/")
+                pattern = rest if rest and ("." in host or ":" in host) else pattern
+            return fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(image, pattern + ":*")
         return False
 
     def to_json(self) -> dict[str, Any]:

@@ -91,9 +91,7 @@ class RequestFault:
     fired: int = 0
 
     def take(self, method: str, target: str) -> bool:
-        if self.count <= 0 or (self.method and self.method.upper() != method.upper()):
-            return False
-        if not re.search(self.pattern, unquote(target)):
+        if self.count <= 0 or not _request_matches(self.pattern, self.method, method, target):
             return False
         self.count -= 1
         self.fired += 1
@@ -107,9 +105,20 @@ class Latency:
     method: str | None = None
 
     def matches(self, method: str, target: str) -> bool:
-        if self.method and self.method.upper() != method.upper():
-            return False
-        return re.search(self.pattern, unquote(target)) is not None
+        return _request_matches(self.pattern, self.method, method, target)
+
+
+def _request_matches(pattern: str, wanted_method: str | None, method: str, target: str) -> bool:
+    """The request's method is `wanted_method` (any when None) and its URL-decoded path and query match `pattern`."""
+    if wanted_method and wanted_method.upper() != method.upper():
+        return False
+    return re.search(pattern, unquote(target)) is not None
+
+
+def _checked(pattern: str, status: int = 503) -> None:
+    re.compile(pattern)  # a bad pattern fails here, not in the proxy's thread
+    if not 500 <= status <= 599:
+        raise ValueError("status must be a 5xx")
 
 
 def upload_object_name(method: str, target: str, body: bytes, content_type: str = "") -> str | None:
@@ -199,9 +208,7 @@ class FlakyProxy:
     def fail_uploads(self, pattern: str, count: int, status: int = 503, *, per_object: bool = False) -> UploadFault:
         """The next `count` uploads whose object name matches `pattern` (re.search) are answered `status`; with
         `per_object`, the first `count` uploads of every matching object are."""
-        re.compile(pattern)
-        if not 500 <= status <= 599:
-            raise ValueError("status must be a 5xx")
+        _checked(pattern, status)
         fault = UploadFault(pattern, count, status, per_object)
         with self._lock:
             self._faults.append(fault)
@@ -210,9 +217,7 @@ class FlakyProxy:
     def fail_requests(self, pattern: str, count: int, *, method: str | None = None, status: int = 503) -> RequestFault:
         """The next `count` requests (of `method`, if given) whose URL-decoded path and query match `pattern`
         (re.search) are answered `status`: reads, metadata checks, deletes, anything."""
-        re.compile(pattern)
-        if not 500 <= status <= 599:
-            raise ValueError("status must be a 5xx")
+        _checked(pattern, status)
         fault = RequestFault(pattern, count, method, status)
         with self._lock:
             self._request_faults.append(fault)
@@ -221,7 +226,7 @@ class FlakyProxy:
     def slow_answers(self, pattern: str, seconds: float, *, method: str | None = None) -> Latency:
         """Requests matching `pattern` (as for fail_requests) are forwarded at once, and their answer is held back
         `seconds`: the caller learns late what was true when it asked."""
-        re.compile(pattern)
+        _checked(pattern)
         latency = Latency(pattern, float(seconds), method)
         with self._lock:
             self._latencies.append(latency)

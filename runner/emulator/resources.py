@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import catalog
+from runner.backends.tpu_api import CLOUD_PLATFORM
 from runner.emulator import codec
 from runner.emulator.vm import VmGroup
 
-CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 TPU_PORT = 8470
 # Node fields a create request may set (the rest are output only and ignored, as the API does).
 INPUT_FIELDS = (
@@ -116,7 +116,6 @@ class Node:
     queued_resource: str | None = None
     multislice: bool = False
     vms: VmGroup | None = None
-    create_op: Operation | None = None
     delete_ops: list[Operation] = field(default_factory=list)
 
     @property

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from runner import catalog
 from runner.emulator import codec, validate
@@ -28,6 +28,9 @@ from runner.emulator.faults import Faults
 from runner.emulator.resources import Node, Operation, QueuedResource, region_of, stockout_message
 from runner.emulator.scheduler import Scheduler
 from runner.emulator.vm import VmGroup, VmLauncher
+
+_R = TypeVar("_R")
+_Zoned = TypeVar("_Zoned", Node, QueuedResource)
 
 After = Callable[[], None]
 
@@ -121,7 +124,6 @@ class Cloud:
     ) -> Operation:
         node = Node(project, zone, node_id, spec, accel, queued_resource=queued_resource, multislice=multislice)
         op = self._new_op(project, zone, "create", node.name, codec.NODE_TYPE)
-        node.create_op = op
         self.nodes[node.name] = node
         slow = self.faults.take("slow_create", zone=zone)
         # A queued resource waits out a stockout before it creates its nodes.
@@ -158,15 +160,22 @@ class Cloud:
             self._queued_node_ready(node)
 
     def get_node(self, name: str) -> Node:
-        with self.lock:
-            node = self.nodes.get(name)
-            if node is None:
-                raise not_found(name)
-            return node
+        return self._get(self.nodes, name)
 
     def list_nodes(self, project: str, zone: str) -> list[Node]:
+        return self._in_zone(self.nodes, project, zone)
+
+    def _get(self, table: dict[str, _R], name: str) -> _R:
         with self.lock:
-            return [n for n in self.nodes.values() if (n.project, n.zone) == (project, zone) or zone == "-"]
+            found = table.get(name)
+            if found is None:
+                raise not_found(name)
+            return found
+
+    def _in_zone(self, table: dict[str, _Zoned], project: str, zone: str) -> list[_Zoned]:
+        """What the table holds in project/zone; zone "-" is every zone, as in the real API."""
+        with self.lock:
+            return [r for r in table.values() if (r.project, r.zone) == (project, zone) or zone == "-"]
 
     def delete_node(self, name: str) -> tuple[Operation, After | None]:
         with self.lock:
@@ -211,11 +220,7 @@ class Cloud:
     # -- operations ---------------------------------------------------------------------------------------------
 
     def get_operation(self, name: str) -> Operation:
-        with self.lock:
-            op = self.operations.get(name)
-            if op is None:
-                raise not_found(name)
-            return op
+        return self._get(self.operations, name)
 
     def list_operations(self, project: str, zone: str) -> list[Operation]:
         prefix = f"projects/{project}/locations/{zone}/operations/"
@@ -275,12 +280,12 @@ class Cloud:
 
     def _queued_accept(self, qr: QueuedResource, op: Operation, accels: dict[str, catalog.AcceleratorType]) -> None:
         with self.lock:
-            if self.queued.get(qr.name) is not qr or qr.state != "CREATING":
-                self._finish_op(op, response={"@type": codec.QUEUED_RESOURCE_TYPE, **qr.to_json()})
-                return
-            qr.state = "ACCEPTED"
+            accepted = self.queued.get(qr.name) is qr and qr.state == "CREATING"
+            if accepted:
+                qr.state = "ACCEPTED"  # before the operation's response is rendered from it
             self._finish_op(op, response={"@type": codec.QUEUED_RESOURCE_TYPE, **qr.to_json()})
-            self.scheduler.after(self.queue_step_s, lambda: self._queued_try(qr, accels))
+            if accepted:
+                self.scheduler.after(self.queue_step_s, lambda: self._queued_try(qr, accels))
 
     def _queued_try(self, qr: QueuedResource, accels: dict[str, catalog.AcceleratorType]) -> None:
         with self.lock:
@@ -342,15 +347,10 @@ class Cloud:
                 self._finish_op(op, response={"@type": codec.EMPTY_TYPE})
 
     def get_queued_resource(self, name: str) -> QueuedResource:
-        with self.lock:
-            qr = self.queued.get(name)
-            if qr is None:
-                raise not_found(name)
-            return qr
+        return self._get(self.queued, name)
 
     def list_queued_resources(self, project: str, zone: str) -> list[QueuedResource]:
-        with self.lock:
-            return [q for q in self.queued.values() if (q.project, q.zone) == (project, zone) or zone == "-"]
+        return self._in_zone(self.queued, project, zone)
 
     def delete_queued_resource(self, name: str, *, force: bool) -> tuple[Operation, After | None]:
         with self.lock:
@@ -375,13 +375,11 @@ class Cloud:
 
     # -- all of it ----------------------------------------------------------------------------------------------
 
-    def take_all_vms(self) -> list[VmGroup]:
-        """Detach every node's VMs (to stop them) and forget every resource."""
+    def forget_all(self) -> None:
+        """Forget every resource; the VMs are the launcher's to stop."""
         with self.lock:
-            groups = [n.vms for n in self.nodes.values() if n.vms is not None]
             for node in self.nodes.values():
                 node.vms = None
             self.nodes.clear()
             self.operations.clear()
             self.queued.clear()
-            return groups

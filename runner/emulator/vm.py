@@ -122,9 +122,10 @@ class VmGroup:
             while time.monotonic() < deadline and self.alive():
                 time.sleep(0.05)
             for _ in range(100):
-                if not self.alive():
+                left = marked_pids(self.marker_prefix)  # one /proc scan a round: to test, then to signal
+                if not left and not any(container.group_alive(pgid) for pgid in pgids):
                     break
-                _signal_all(pgids, marked_pids(self.marker_prefix), signal.SIGKILL)
+                _signal_all(pgids, left, signal.SIGKILL)
                 time.sleep(0.05)
             for p in self.processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -197,6 +198,7 @@ class VmLauncher:
             return None
         boot = next(self._boots)
         prefix = f"{self.emulator_id}:{boot}:"
+        name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
         processes = []
         for worker in range(hosts):
             directory = self.vm_dir(project, zone, node_id, worker)
@@ -204,7 +206,6 @@ class VmLauncher:
             for sub in ("home", "tmp"):
                 (directory / sub).mkdir(parents=True, exist_ok=True)
             env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}")
-            name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
             with (directory / "console.log").open("ab") as console:
                 console.write(f"[tpu-emulator] {name} worker {worker} of {hosts}: running startup-script\n".encode())
                 console.flush()
@@ -218,7 +219,7 @@ class VmLauncher:
                     start_new_session=True,
                 )
             processes.append(VmProcess(worker, popen, directory, env["HOSTNAME"]))
-        group = VmGroup(f"projects/{project}/locations/{zone}/nodes/{node_id}", prefix, processes)
+        group = VmGroup(name, prefix, processes)
         with self._lock:
             self._groups.append(group)
         return group

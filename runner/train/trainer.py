@@ -56,8 +56,9 @@ def select_keras(choice: str, checkpoint_keras: str | None) -> str:
     return impl
 
 
-def _keras_version(keras: Any) -> str:
-    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+def keras_version() -> str:
+    """The Keras that tf.keras is in this process (TensorFlow reads TF_USE_LEGACY_KERAS as 1, true or True)."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
         import tf_keras
 
         return f"tf_keras {tf_keras.__version__}"
@@ -104,9 +105,7 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
 
     keras = tf.keras
     resolved = resolve_strategy(ctx.strategy_hint, ctx.tpu_name)
-    print(
-        f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {_keras_version(keras)}", flush=True
-    )
+    print(f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {keras_version()}", flush=True)
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
         raise TrainerError(f"batch_size {cfg.batch_size} is not divisible by the {replicas} replicas")
@@ -247,7 +246,7 @@ def finish(run: Prepared) -> dict[str, Any]:
         "strategy": run.resolved.as_dict(),
         "keras": run.keras_impl,
         "perf": run.perf.as_dict(),
-        "versions": {"tensorflow": tf.__version__, "keras": _keras_version(run.keras)},
+        "versions": {"tensorflow": tf.__version__, "keras": keras_version()},
         "checkpoint": f"{contract.CHECKPOINTS}/{latest[1].name}" if latest else None,
         "wall_time_s": round(time.time() - run.t_start, 1),
     }

@@ -155,10 +155,12 @@ class Supervisor:
         """max_runtime (from this start, and the run's absolute deadline across restarts) and, when the run asked
         for it, the submitting runner's heartbeat. Either stops the job; the bootstrap then deletes the VM."""
         now_s = time.time()
-        limits = [t for t in (self.started + self.max_runtime_s if self.max_runtime_s else None, self.deadline) if t]
-        if limits and now_s > min(limits):
+        if self.max_runtime_s and now_s > self.started + self.max_runtime_s:
             self.stop_reason = "timed_out"
             self.safety_stop = f"max_runtime ({self.max_runtime_s:.0f}s) passed"
+        elif self.deadline and now_s > self.deadline:
+            self.stop_reason = "timed_out"
+            self.safety_stop = "max_runtime passed, counted from the submit (across restarts)"
         elif self.submitter_timeout_s and now_s - self._last_submitter_check >= min(15.0, self.submitter_timeout_s / 4):
             self._last_submitter_check = now_s
             try:
