@@ -177,7 +177,6 @@ def submit(
     seen: set[tuple[float, str, str]] = set()
     retries = plan.spec.retries
     preemptions = failures = 0
-    settled = False
     try:
         with signals_raise(), RunnerHeartbeat(storage):
             while True:
@@ -226,11 +225,7 @@ def submit(
                 state = derive_state(
                     snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
                 )
-                # Every worker's record seen: that is the result. What the machine writes while it is being
-                # deleted (a bootstrap epilogue cut short) must not change it.
-                settled = len(snapshot.exits) >= plan.num_workers
                 if state == RunState.FAILED and failures < retries.failures:
-                    settled = False
                     failures += 1
                     events.emit("retrying_failure", attempt=failures)
                     say(f"the job failed: running it again ({failures}/{retries.failures})")
@@ -265,8 +260,8 @@ def submit(
             if rest:
                 on_output(rest)
             final = read_snapshot(storage)
-            # The workers' own records say best how it ended (derive_state keeps a cancelled run cancelled).
-            if final.exits and not settled:
+            # A state decided above stands (derive_state); one still open is settled by the workers' records.
+            if final.exits:
                 state = derive_state(final, plan.num_workers, state, machine_alive=False, heartbeat_timeout_s=0)
             if not state.is_terminal():
                 state = RunState.LOST if not final.exits else state

@@ -112,9 +112,13 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True) -> Snapshot:
 def derive_state(
     snapshot: Snapshot, num_workers: int, recorded: RunState, *, machine_alive: bool | None, heartbeat_timeout_s: float
 ) -> RunState:
-    """The run's state from its exit records, the runner's own record and the heartbeat. A run the user stopped
-    stays cancelled, whatever its workers recorded while being stopped."""
-    if recorded == RunState.CANCELLED:
+    """The run's state from its exit records, the runner's own record and the heartbeat.
+
+    A terminal state the runner recorded stands (LOST aside, which exit records may still overturn): the runner
+    decides it after reading every exit record, and what workers write while their machine is being stopped must
+    not change it. A run the user stopped stays cancelled; a run given up after its last preemption stays failed,
+    though its workers recorded `cancelled` as the VM shut down."""
+    if recorded.is_terminal() and recorded != RunState.LOST:
         return recorded
     if snapshot.exits and len(snapshot.exits) >= num_workers:
         return max((e.state for e in snapshot.exits), key=_SEVERITY.index)

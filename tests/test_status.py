@@ -38,6 +38,14 @@ def test_recorded_terminal_state_without_exit_records() -> None:
     assert state(snap(), recorded=RunState.CANCELLED) == RunState.CANCELLED
 
 
+def test_the_runners_verdict_stands_but_lost_can_be_overturned() -> None:
+    # Given up after its last preemption: the workers recorded `cancelled` as the VM shut down.
+    assert state(snap("cancelled"), recorded=RunState.FAILED) == RunState.FAILED
+    assert state(snap("failed"), recorded=RunState.CANCELLED) == RunState.CANCELLED
+    # Declared lost, then the machine's records arrived after all.
+    assert state(snap("succeeded"), recorded=RunState.LOST) == RunState.SUCCEEDED
+
+
 @pytest.mark.parametrize(
     ("age", "alive", "expected"),
     [

@@ -266,3 +266,41 @@ def test_preemption_recreates_the_node_and_training_resumes(
     assert f"resumed from ckpt-{summary['resumed_from_epoch']:06d}.keras" in log
     assert [e["event"] for e in events(run_dir)].count("preempted") == 1
     assert not cloud.nodes()
+
+
+@pytest.mark.slow
+def test_a_preemption_past_the_retry_limit_ends_the_run_failed(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    """retries.preemptions: 0, and the node preempted while its job runs: the runner gives up, and the run is
+    failed (the workers' `cancelled` records, written as the VM shut down, do not make it a user's cancel)."""
+    spec = job(
+        tmp_path,
+        bucket_url,
+        "command: [python, -c, 'import time; time.sleep(120)']\nretries: {preemptions: 0}\n",
+        name="spot-out",
+    )
+    spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
+    preempted: list[str] = []
+
+    def preempt_once_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for node in cloud.nodes():
+                run_dir = node.metadata.get("tpu-runner-run-dir")
+                if node.state == "READY" and run_dir and open_storage(run_dir).read_bytes("heartbeat"):
+                    preempted.append(cloud.preempt(node.node_id))
+                    return
+            time.sleep(0.3)
+
+    import threading
+
+    thread = threading.Thread(target=preempt_once_running, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert preempted, "the node was never preempted"
+    assert result.exit_code == 6, result.output
+    assert "giving up (retries.preemptions)" in result.output
+    run_id = run_id_of(result.output)
+    status = CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False)
+    assert json.loads(status.output)["state"] == "failed"
+    assert not cloud.nodes()
