@@ -1,4 +1,8 @@
-"""Keras callbacks that write the run-directory contract: metrics, checkpoints, progress, graceful stop.
+"""Keras callbacks that write the run-directory contract: metrics, checkpoints, progress, and the stop on SIGTERM.
+
+The trainer calls fit once per epoch (or once for the rest of one, after a mid-epoch resume), so Keras' batch
+indices count from where that fit started; the Cursor turns them into the position in the run (epoch, step of the
+epoch, global step) that the other callbacks read. It must come first in the list.
 
 Every file is made to appear atomically (write a hidden temp file, then rename), because the supervisor mirrors
 the directory to Cloud Storage while training runs and must never upload half a file.
@@ -10,16 +14,28 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from runner.storage.local import write_atomic
-from runner.train.checkpoints import save_checkpoint
+from runner.train.checkpoints import (
+    Checkpoint,
+    CheckpointPolicy,
+    CheckpointStore,
+    DataOrder,
+    Position,
+    checkpoint_name,
+    describe,
+)
 
 # tf.keras is Keras 3 or tf_keras depending on TF_USE_LEGACY_KERAS, which the trainer sets before this import.
 keras = tf.keras
+
+PRINT_EVERY_S = 5.0  # progress lines in the log
+PROGRESS_EVERY_S = 2.0  # progress.json, which hang detection reads
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -44,100 +60,253 @@ def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-class EpochMetrics(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-    """One JSON line per epoch in metrics.jsonl: Keras' logs, epoch time and examples/s."""
+class TrainingInterrupted(Exception):
+    """Raised out of fit after a stop signal, once the exact mid-epoch checkpoint is saved. Keras does not catch it,
+    so nothing of the epoch's end (validation, metrics row, epoch checkpoint) runs for the cut epoch."""
 
-    def __init__(self, path: Path, examples_per_epoch: int) -> None:
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignal:
+    """SIGTERM (docker stop, a preemption notice, the supervisor, `runner down`) and SIGINT (Ctrl-C reaches the
+    whole process group, the trainer too) are only noted here; the Checkpointer acts on them at the next step end."""
+
+    def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        self.signum: int | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in signums}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+            print(f"[trainer] {self.name}: saving a checkpoint at the next step end", file=sys.stderr, flush=True)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the save
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "no signal"
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)  # what a shell reports for a process ended by that signal
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class Cursor(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    """Where training stands: `epoch` (0-based) in progress, `step` steps of it done, `global_step` in all."""
+
+    def __init__(self, steps_per_epoch: int, epochs: int, start: Position, global_step: int) -> None:
         super().__init__()
-        self.path = path
-        self.examples = examples_per_epoch
-        self.rows = read_jsonl(path)
+        self.steps, self.epochs = steps_per_epoch, epochs
+        self.epoch, self.step = start
+        self.offset = self.step  # steps of this epoch trained before the current fit (a mid-epoch resume)
+        self.global_step = global_step
+
+    def begin(self, epoch: int, skip: int) -> None:
+        """The trainer is about to fit epoch `epoch` without its first `skip` steps."""
+        self.epoch, self.step, self.offset = epoch, skip, skip
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # With steps_per_execution > 1 the index is the chunk's last step; Keras 3 reports a whole chunk even when
+        # the epoch ends inside it, hence the clamp.
+        step = min(self.offset + batch + 1, self.steps)
+        self.global_step += step - self.step
+        self.step = step
+
+    @property
+    def position(self) -> Position:
+        """(epochs done, steps of the next): an epoch whose steps are all done counts as done."""
+        return (self.epoch + 1, 0) if self.step >= self.steps else (self.epoch, self.step)
+
+    @property
+    def in_epoch_training(self) -> bool:
+        return 0 < self.step < self.steps
+
+
+class EpochMetrics(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    """One JSON line per epoch in metrics.jsonl: Keras' logs, epoch time and examples/s. An interrupted epoch
+    writes none; the resumed rest of one writes its line at its real end, with "resumed_at_step"."""
+
+    def __init__(self, path: Path, cursor: Cursor, global_batch: int) -> None:
+        super().__init__()
+        self.path, self.cursor, self.batch = path, cursor, global_batch
+        # Rows past the resume point describe epochs this run will train again (it resumed from an older one).
+        rows = read_jsonl(path)
+        self.rows = [r for r in rows if r.get("epoch", 0) <= cursor.position[0]]
+        if len(self.rows) != len(rows):
+            self._write()
         self._t0 = 0.0
+
+    def _write(self) -> None:
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows).encode())
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._t0 = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         seconds = time.perf_counter() - self._t0
+        trained = self.cursor.steps - self.cursor.offset
         row = {
             "epoch": epoch + 1,
             **_floats(logs),
             "epoch_time_s": round(seconds, 3),
-            "examples_per_s": round(self.examples / seconds, 1),
+            "examples_per_s": round(trained * self.batch / seconds, 1),
+            "global_step": self.cursor.global_step,
             "time": round(time.time(), 3),
         }
+        if self.cursor.offset:
+            row["resumed_at_step"] = self.cursor.offset
         self.rows = [r for r in self.rows if r.get("epoch") != epoch + 1] + [row]
-        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows).encode())
-
-
-class Checkpointer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-    """Saves model + optimizer state every `every` epochs and at the last one; latest.json names the newest.
-    Keeps the newest `keep`, so a torn upload of the newest still leaves one to resume from."""
-
-    def __init__(self, directory: Path, every: int, last_epoch: int, keras_impl: str, keep: int = 2) -> None:
-        super().__init__()
-        self.directory, self.every, self.last_epoch, self.keep = directory, every, last_epoch, keep
-        self.keras_impl = keras_impl
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        done = epoch + 1
-        if done % self.every == 0 or done == self.last_epoch:
-            save_checkpoint(self.model, self.directory, done, self.keras_impl, self.keep)
+        self._write()
 
 
 class Progress(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-    """Keras-style progress lines at most every `interval` seconds: a log file is not a terminal, so the
-    usual carriage-return bar would arrive as one unreadable line."""
+    """Keras-style progress lines at most every PRINT_EVERY_S (a log file is not a terminal, so the usual
+    carriage-return bar would arrive as one unreadable line), and progress.json for hang detection: rewritten every
+    PROGRESS_EVERY_S while training, at each epoch's first step (training moved on after validation) and end, and
+    during validation with "phase": "validate" and its own "validation_step", so a long test set shows life too."""
 
-    def __init__(self, epochs: int, steps: int, global_batch: int, interval: float = 5.0) -> None:
+    def __init__(
+        self, cursor: Cursor, global_batch: int, progress_file: Path | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
-        self.epochs, self.steps, self.batch, self.interval = epochs, steps, global_batch, interval
-        self._epoch = 0
-        self._t0 = self._last = 0.0
+        self.cursor, self.batch, self.file, self.clock = cursor, global_batch, progress_file, clock
+        self._t0 = self._printed = self._written = 0.0
+        self._first = False
+
+    def write(self, validation_step: int | None = None) -> None:
+        if self.file is None:
+            return
+        c = self.cursor
+        state: dict[str, Any] = {
+            "time": round(time.time(), 3),
+            "epoch": c.epoch + 1,
+            "epochs": c.epochs,
+            "step": c.step,
+            "steps_per_epoch": c.steps,
+            "global_step": c.global_step,
+            "phase": "train" if validation_step is None else "validate",
+        }
+        if validation_step is not None:
+            state["validation_step"] = validation_step
+        write_atomic(self.file, json.dumps(state).encode())
+        self._written = self.clock()
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.write()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch = epoch + 1
-        self._t0 = self._last = time.perf_counter()
+        self._t0 = self._printed = self.clock()
+        self._first = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        t = time.perf_counter()
-        if t - self._last < self.interval:
+        t = self.clock()
+        if self._first or t - self._written >= PROGRESS_EVERY_S:
+            self._first = False
+            self.write()
+        if t - self._printed < PRINT_EVERY_S:
             return
-        self._last = t
-        step = batch + 1
-        filled = int(30 * step / self.steps)
+        self._printed = t
+        c = self.cursor
+        filled = int(30 * c.step / c.steps)
         bar = "=" * max(filled - 1, 0) + (">" if filled < 30 else "=") + "." * (30 - filled)
-        rate = step * self.batch / (t - self._t0)
-        print(
-            f"Epoch {self._epoch}/{self.epochs} {step}/{self.steps} [{bar}] {_fmt(logs)} - {rate:.0f} ex/s",
-            flush=True,
-        )
+        rate = (c.step - c.offset) * self.batch / max(t - self._t0, 1e-9)
+        print(f"Epoch {c.epoch + 1}/{c.epochs} {c.step}/{c.steps} [{bar}] {_fmt(logs)} - {rate:.0f} ex/s", flush=True)
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.clock() - self._written >= PROGRESS_EVERY_S:
+            self.write(validation_step=batch + 1)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        seconds = time.perf_counter() - self._t0
-        rate = self.steps * self.batch / seconds
+        c = self.cursor
+        seconds = self.clock() - self._t0
+        rate = (c.steps - c.offset) * self.batch / max(seconds, 1e-9)
+        resumed = f" - resumed at step {c.offset}" if c.offset else ""
         print(
-            f"Epoch {epoch + 1}/{self.epochs} {self.steps}/{self.steps} - {seconds:.1f}s - {_fmt(logs)} - "
-            f"{rate:.0f} ex/s",
+            f"Epoch {epoch + 1}/{c.epochs} {c.steps}/{c.steps} - {seconds:.1f}s - {_fmt(logs)} - {rate:.0f} ex/s"
+            f"{resumed}",
             flush=True,
         )
+        self.write()
 
 
-class GracefulStop(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-    """SIGTERM (docker stop, a preemption notice, the supervisor) ends training after the current step."""
+class Checkpointer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    """Saves model + optimizer state when the policy says so (epoch ends, or wall-clock time mid-epoch) and when a
+    stop signal arrives: at the next step end mid-epoch, exactly there, then TrainingInterrupted; during an
+    epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        cursor: Cursor,
+        policy: CheckpointPolicy,
+        stop: StopSignal,
+        keras_impl: str,
+        data: DataOrder,
+        saved_at: Checkpoint | None = None,
+    ) -> None:
         super().__init__()
-        self.signum: int | None = None
-        signal.signal(signal.SIGTERM, self._handle)
+        self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
+        self.keras_impl, self.data = keras_impl, data
+        self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.signum = signum
-        print(f"[trainer] {signal.Signals(signum).name}: stopping after this step", file=sys.stderr, flush=True)
+    def save(self) -> Checkpoint:
+        epochs_done, step = self.cursor.position
+        name = checkpoint_name(epochs_done, step)
+        tmp = self.store.temp_path(name)
+        self.model.save(tmp)
+        entry = Checkpoint(
+            file=name,
+            epochs_done=epochs_done,
+            step=step,
+            global_step=self.cursor.global_step,
+            keras=self.keras_impl,
+            data=self.data,
+        )
+        self.newest = self.store.publish(tmp, entry)
+        self.policy.saved()
+        return self.newest
+
+    def _saved_here(self) -> bool:
+        return self.newest is not None and self.newest.position == self.cursor.position
+
+    def stop_here(self) -> None:
+        """Make sure a checkpoint holds the current position, and say where the job stopped."""
+        where = describe(self.cursor.position, self.cursor.steps)
+        signame = self.stop.name
+        if self._saved_here():
+            assert self.newest is not None
+            print(
+                f"[trainer] {signame}: {self.newest.file} already holds {where} "
+                f"(global step {self.newest.global_step})",
+                flush=True,
+            )
+        elif self.cursor.position == (0, 0):
+            print(f"[trainer] {signame}: stopped before the first step; nothing to save", flush=True)
+        else:
+            entry = self.save()
+            print(f"[trainer] {signame}: saved {entry.file} at {where} (global step {entry.global_step})", flush=True)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.signum is not None:
+        if not self.cursor.in_epoch_training:
+            return  # the epoch's steps are all done: its end (after validation) decides
+        if self.stop.signum is not None:
+            self.stop_here()
+            raise TrainingInterrupted(self.stop.signum)
+        if self.policy.due_mid_epoch():
+            self.save()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.stop.signum is not None:
+            self.stop_here()
             self.model.stop_training = True
+        elif self.policy.due_at_epoch_end(epoch + 1) and not self._saved_here():
+            self.save()
 
 
 def _fmt(logs: dict[str, Any] | None) -> str:

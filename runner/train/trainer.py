@@ -1,29 +1,34 @@
 """The built-in trainer: `python -m runner.train`, started by the supervisor inside the container.
 
 It reads the spec's training section from $RUNNER_TRAINING, resolves the strategy, builds the model under its scope
-(or restores it from the newest checkpoint in the output directory, optimizer state and epoch included), trains
-with tf.data, and writes metrics.jsonl, checkpoints/, tensorboard/ and summary.json.
+(or restores it from the newest checkpoint that verifies, optimizer state and position included), trains with
+tf.data, and writes metrics.jsonl, progress.json, checkpoints/, tensorboard/ and summary.json.
+
+Each epoch is its own fit call over that epoch's data (runner.train.data: the order is a pure function of seed and
+epoch), so a job stopped mid-epoch resumes at the exact step: one fit over the rest of that epoch, then the next
+epochs. Keras keeps the compiled train function across fit calls (checked for Keras 3.15 and tf_keras 2.20: no
+retrace; about 25 ms of Keras setup per call, beside epochs of seconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train import perf
-from runner.train.checkpoints import latest_checkpoint, read_manifest
+from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser
 from runner.train.strategy import tpu_present
 
 log = logging.getLogger("runner.train")
-
-EXIT_STOPPED = 143  # 128 + SIGTERM, what a shell reports for a job stopped by SIGTERM
 
 
 class TrainerError(Exception):
@@ -82,30 +87,86 @@ class Prepared:
     train_examples: int
     test_examples: int
     steps: int
-    train_ds: Any
+    train_data: Any  # runner.train.data.TrainData
     test_ds: Any
     model: Any
-    initial_epoch: int
+    store: CheckpointStore
+    data_order: DataOrder
+    resumed: Candidate | None  # the checkpoint the model was restored from
+    initial_epoch: int  # epochs done when this process started
+    initial_step: int  # steps of the next epoch done when this process started
+    initial_global_step: int
+    cursor: Any  # runner.train.callbacks.Cursor: where training stands, kept up to date by fit
     t_start: float
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _restore(chooser: ResumeChooser, first: Candidate | None, keras: Any, keras_impl: str) -> tuple[Any, Any]:
+    """(model, candidate) from the newest checkpoint that verifies and loads, or (None, None)."""
+    candidate = first
+    while candidate is not None:
+        written_by = candidate.keras
+        if written_by not in (None, keras_impl):
+            chooser.skip(candidate, f"written by {written_by}, and this run uses {keras_impl}")
+        else:
+            try:
+                return keras.models.load_model(candidate.path), candidate
+            except Exception as exc:  # a file that verifies can still fail to load (another Keras version, a bug)
+                chooser.skip(candidate, f"failed to load ({_first_line(exc)})")
+        candidate = chooser.next_verified()
+    return None, None
+
+
+def _position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder) -> tuple[int, int, int]:
+    """(epochs done, steps of the next epoch, global step) to go on from, said in the log."""
+    if resumed is None:
+        return 0, 0, 0
+    ckpt = resumed.checkpoint
+    # Training steps taken, from the manifest when it says. The optimizer's own count can be lower: Keras 3's
+    # LossScaleOptimizer (mixed_float16) does not count the steps it skips for non-finite gradients.
+    global_step = int(model.optimizer.iterations.numpy()) if ckpt.global_step is None else ckpt.global_step
+    epochs_done, step = ckpt.position
+    if step == 0:
+        _say(f"[trainer] resumed from {resumed.name}: epoch {epochs_done} done, optimizer step {global_step}")
+        return epochs_done, step, global_step
+    _say(
+        f"[trainer] resumed from {resumed.name}: epoch {epochs_done + 1} step {step} of {steps} "
+        f"(global step {global_step})"
+    )
+    if step >= steps or (ckpt.data is not None and ckpt.data != order):
+        # The rest of that epoch would not be the batches its first part left out: start the epoch over instead.
+        _say(
+            f"[trainer] {resumed.name} was saved mid-epoch with another data order ({ckpt.data}, now {order}); "
+            f"epoch {epochs_done + 1} starts over from step 0"
+        )
+        step = 0
+    return epochs_done, step, global_step
 
 
 def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None) -> Prepared:
     """Everything before the first epoch. `jit_compile` overrides the device's choice (perf.py), for `runner bench`
     to measure the alternative on the device at hand."""
     t_start = time.time()
-    manifest = read_manifest(ctx.checkpoint_dir)
-    keras_impl = select_keras(cfg.keras, manifest.get("keras") if manifest else None)
+    # Which checkpoint to resume from decides which Keras to import: choose before TensorFlow is imported.
+    chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
+    first = chooser.next_verified()
+    keras_impl = select_keras(cfg.keras, first.keras if first else None)
     env = perf.process_environment()
     import tensorflow as tf
 
     threads = perf.configure_threads(tf)
-    from runner.train.data import eval_dataset, find_mnist, limit, train_dataset
+    from runner.train.callbacks import Cursor
+    from runner.train.data import TrainData, eval_dataset, find_mnist, limit
     from runner.train.models import build_model, make_optimizer
     from runner.train.strategy import resolve_strategy
 
     keras = tf.keras
     resolved = resolve_strategy(ctx.strategy_hint, ctx.tpu_name)
-    print(f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {keras_version()}", flush=True)
+    _say(f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {keras_version()}")
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
         raise TrainerError(f"batch_size {cfg.batch_size} is not divisible by the {replicas} replicas")
@@ -114,10 +175,9 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
     steps = len(data.x_train) // cfg.batch_size
     if steps == 0:
         raise TrainerError(f"batch_size {cfg.batch_size} is larger than the {len(data.x_train)} training examples")
-    print(
+    _say(
         f"[trainer] data: {source}: {len(data.x_train)} train, {len(data.x_test)} test; global batch "
-        f"{cfg.batch_size} = {cfg.batch_size // replicas} per replica x {replicas}; {steps} steps/epoch",
-        flush=True,
+        f"{cfg.batch_size} = {cfg.batch_size // replicas} per replica x {replicas}; {steps} steps/epoch"
     )
     try:
         plan = perf.plan_for(
@@ -132,25 +192,19 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
         )
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc
-    print(f"[trainer] perf: {plan.describe()}", flush=True)
+    _say(f"[trainer] perf: {plan.describe()}")
     keras.utils.set_random_seed(cfg.seed)
-    train_ds = train_dataset(data.x_train, data.y_train, cfg.batch_size, cfg.seed)
+    train_data = TrainData(data.x_train, data.y_train, cfg.batch_size, cfg.seed)
     test_ds = eval_dataset(data.x_test, data.y_test, cfg.batch_size)
+    order = DataOrder(cfg.seed, len(data.x_train), cfg.batch_size, steps)
 
-    resume = latest_checkpoint(ctx.checkpoint_dir)
     # Layers built from here on compute in this dtype; a restored model keeps the policy it was saved with.
     keras.mixed_precision.set_global_policy(plan.precision)
     with resolved.strategy.scope():
-        if resume:
-            initial_epoch, path = resume
-            model = keras.models.load_model(path)
-            print(
-                f"[trainer] resumed from {path.name}: epoch {initial_epoch} done, optimizer step "
-                f"{int(model.optimizer.iterations.numpy())}",
-                flush=True,
-            )
-        else:
-            initial_epoch = 0
+        model, resumed = _restore(chooser, first, keras, keras_impl)
+        if model is None:
+            if chooser.found_any:
+                _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
             model = build_model(cfg.model, keras)
             xla = {} if plan.jit_compile is None else {"jit_compile": plan.jit_compile}
             model.compile(
@@ -162,6 +216,9 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
                 steps_per_execution=plan.steps_per_execution,
                 **xla,
             )
+    epochs_done, step, global_step = _position(resumed, model, steps, order)
+    store = CheckpointStore(ctx.checkpoint_dir, cfg.checkpoint_keep)
+    store.history = chooser.history_for(resumed)
     return Prepared(
         cfg=cfg,
         ctx=ctx,
@@ -173,43 +230,83 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
         train_examples=len(data.x_train),
         test_examples=len(data.x_test),
         steps=steps,
-        train_ds=train_ds,
+        train_data=train_data,
         test_ds=test_ds,
         model=model,
-        initial_epoch=initial_epoch,
+        store=store,
+        data_order=order,
+        resumed=resumed,
+        initial_epoch=epochs_done,
+        initial_step=step,
+        initial_global_step=global_step,
+        cursor=Cursor(steps, cfg.epochs, (epochs_done, step), global_step),
         t_start=t_start,
     )
 
 
-def make_callbacks(run: Prepared) -> tuple[list[Any], Any]:
-    """The contract's callbacks (metrics, checkpoints, progress, TensorBoard) and the SIGTERM handler among them."""
+def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -> tuple[list[Any], Any]:
+    """The contract's callbacks (position, metrics, progress, TensorBoard, checkpoints) and the StopSignal, which
+    notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress (tests inject it)."""
     from runner.train import callbacks as cb
+    from runner.train.checkpoints import CheckpointPolicy
 
     cfg, keras = run.cfg, run.keras
-    stop = cb.GracefulStop()
+    stop = cb.StopSignal()
+    cursor = run.cursor
+    policy = CheckpointPolicy(cfg.checkpoint_epochs, cfg.checkpoint_seconds, cfg.epochs, clock)
+    checkpointer = cb.Checkpointer(
+        run.store, cursor, policy, stop, run.keras_impl, run.data_order, run.resumed.checkpoint if run.resumed else None
+    )
+    checkpointer.set_model(run.model)  # a stop between two fits saves before any fit has set it
     callbacks = [
-        cb.EpochMetrics(run.ctx.metrics_file, run.steps * cfg.batch_size),
-        cb.Checkpointer(run.ctx.checkpoint_dir, cfg.checkpoint_every, cfg.epochs, run.keras_impl),
-        cb.Progress(cfg.epochs, run.steps, cfg.batch_size),
+        cursor,  # first: the others read the position it keeps
+        cb.EpochMetrics(run.ctx.metrics_file, cursor, cfg.batch_size),
+        cb.Progress(cursor, cfg.batch_size, run.ctx.progress_file, clock),
         keras.callbacks.TensorBoard(
             str(run.ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
         ),
-        stop,
+        checkpointer,  # last: an epoch's checkpoint follows its metrics row
     ]
     return callbacks, stop
 
 
+def _find(callbacks: list[Any], kind: type) -> Any:
+    return next(c for c in callbacks if isinstance(c, kind))
+
+
 def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int | None = None) -> None:
-    """Train epochs from_epoch+1 .. until_epoch (1-based), validating on the test set after each."""
-    run.model.fit(
-        run.train_ds,
-        epochs=until_epoch,
-        initial_epoch=run.initial_epoch if from_epoch is None else from_epoch,
-        validation_data=run.test_ds,
-        callbacks=callbacks,
-        verbose=0,
-        shuffle=False,  # train_ds shuffles itself
-    )
+    """Train up to epoch until_epoch (1-based), one Keras fit per epoch, validating on the test set after each:
+    from where the run stands (a resume may start mid-epoch), or from the start of epoch from_epoch+1.
+    Raises TrainingInterrupted when a stop signal cut an epoch; returns early when one came at an epoch end."""
+    from runner.train import callbacks as cb
+
+    cursor, checkpointer = _find(callbacks, cb.Cursor), _find(callbacks, cb.Checkpointer)
+    epoch, skip = cursor.position if from_epoch is None else (from_epoch, 0)
+    for index in range(epoch, until_epoch):
+        if checkpointer.stop.signum is not None:  # came between two fits
+            checkpointer.stop_here()
+            return
+        cursor.begin(index, skip)
+        try:
+            run.model.fit(
+                run.train_data.epoch(index, skip),
+                epochs=index + 1,
+                initial_epoch=index,
+                validation_data=run.test_ds,
+                callbacks=callbacks,
+                verbose=0,
+                shuffle=False,  # the epoch's order is fixed by TrainData
+            )
+        except cb.TrainingInterrupted:
+            # fit ended without on_train_end: close TensorBoard's writers so the event files are complete.
+            for callback in callbacks:
+                if isinstance(callback, run.keras.callbacks.TensorBoard):
+                    callback.on_train_end()
+            _find(callbacks, cb.Progress).write()
+            raise
+        skip = 0
+        if checkpointer.stop.signum is not None:  # came during the epoch's last step or validation
+            return
 
 
 def finish(run: Prepared) -> dict[str, Any]:
@@ -225,7 +322,9 @@ def finish(run: Prepared) -> dict[str, Any]:
     # The first epoch of a process compiles the step function; like the notebook, report the others.
     ran = [r for r in rows if r["epoch"] > run.initial_epoch]
     steady = [r["examples_per_s"] for r in ran[1:]] or [r["examples_per_s"] for r in ran or rows]
-    latest = latest_checkpoint(ctx.checkpoint_dir)
+    newest = run.store.history[0].file if run.store.history else None
+    global_step = run.cursor.global_step
+    resumed = run.resumed.checkpoint if run.resumed else None
     summary = {
         "run_id": ctx.run_id,
         "state": "succeeded",
@@ -233,6 +332,13 @@ def finish(run: Prepared) -> dict[str, Any]:
         "dataset": cfg.dataset,
         "data_source": run.source,
         "epochs": cfg.epochs,
+        "steps_per_epoch": run.steps,
+        "global_step": global_step,
+        "steps_this_attempt": global_step - run.initial_global_step,
+        "optimizer_iterations": int(run.model.optimizer.iterations.numpy()),
+        "resumed_from": {"checkpoint": resumed.file, "epoch": resumed.epochs_done, "step": resumed.step}
+        if resumed
+        else None,
         "resumed_from_epoch": run.initial_epoch or None,
         "test_accuracy": round(float(results["accuracy"]), 6),
         "test_loss": round(float(results["xent"]), 6),
@@ -247,26 +353,29 @@ def finish(run: Prepared) -> dict[str, Any]:
         "keras": run.keras_impl,
         "perf": run.perf.as_dict(),
         "versions": {"tensorflow": tf.__version__, "keras": keras_version()},
-        "checkpoint": f"{contract.CHECKPOINTS}/{latest[1].name}" if latest else None,
+        "checkpoint": f"{contract.CHECKPOINTS}/{newest}" if newest else None,
         "wall_time_s": round(time.time() - run.t_start, 1),
     }
     cb.write_atomic(ctx.output_dir / contract.SUMMARY, json.dumps(summary, indent=1).encode())
-    print(
-        f"[trainer] done: test accuracy {summary['test_accuracy']:.4f}, {summary['examples_per_s']} examples/s",
-        flush=True,
-    )
+    _say(f"[trainer] done: test accuracy {summary['test_accuracy']:.4f}, {summary['examples_per_s']} examples/s")
     return summary
 
 
 def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
+    from runner.train.callbacks import TrainingInterrupted
+
     run = prepare(cfg, ctx)
     callbacks, stop = make_callbacks(run)
-    if run.initial_epoch < cfg.epochs:
+    with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
     if stop.signum is not None:
-        print("[trainer] stopped before the end; the newest checkpoint is kept for a resume", flush=True)
-        raise SystemExit(EXIT_STOPPED)
+        _say("[trainer] stopped before the end; the newest checkpoint is kept for a resume")
+        raise SystemExit(stop.exit_code)
     return finish(run)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def main() -> int:
