@@ -1,7 +1,9 @@
 """The Cloud TPU API emulator over real HTTP, driven through the real google-cloud-tpu client (REST transport).
 
 Faults go in through the emulator's Python API or its admin HTTP API; everything about the TPU API itself goes
-through tpu_v2.TpuClient, exactly as the runner's TPU VM backend talks to Cloud TPU.
+through tpu_v2.TpuClient, exactly as the runner's TPU VM backend talks to Cloud TPU. The emulator must be at least
+as strict as Cloud TPU: operations that take time, failures told only to whoever reads the operation, errors whose
+meaning is in their details. Queued resources are in test_emulator_queued.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ from google.api_core import retry as gretry
 from google.api_core.future import polling
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2
 
 from runner.emulator import TpuEmulator
 from runner.emulator.errors import ApiError
@@ -38,10 +43,21 @@ OP_NAME = re.compile(r"^projects/[^/]+/locations/[^/]+/operations/[^/]+$")
 
 
 @pytest.fixture
-def client(tpu_emulator: TpuEmulator) -> tpu_v2.TpuClient:
+def tpu_emulator(tmp_path: Path) -> Iterator[TpuEmulator]:
+    """This module's emulator: conftest's, with creates and deletes short enough to keep the module fast."""
+    with TpuEmulator(workdir=tmp_path / "emu", create_delay_s=0.2, delete_delay_s=0.1, vm_grace_s=0.5) as emulator:
+        yield emulator
+
+
+def tpu_client(emulator: TpuEmulator) -> tpu_v2.TpuClient:
     return tpu_v2.TpuClient(
-        transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": tpu_emulator.endpoint}
+        transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator.endpoint}
     )
+
+
+@pytest.fixture
+def client(tpu_emulator: TpuEmulator) -> tpu_v2.TpuClient:
+    return tpu_client(tpu_emulator)
 
 
 def node_spec(accelerator: str = "v4-8", runtime: str = RUNTIME, **fields: Any) -> tpu_v2.Node:
@@ -138,6 +154,136 @@ def test_answers_use_numeric_enums_only_when_asked(client: tpu_v2.TpuClient, tpu
     assert http("GET", url)[1]["state"] == "READY"  # what curl sees
     status, numeric = http("GET", url + "?%24alt=json%3Benum-encoding%3Dint")  # what the Python client asks for
     assert (status, numeric["state"], numeric["apiVersion"]) == (200, 2, 4)
+
+
+# -- time: operations progress when read, VMs boot on time -----------------------------------------------------
+
+
+@pytest.fixture
+def slow_emulator(tmp_path: Path) -> Iterator[TpuEmulator]:
+    """Creates take a full second: long enough to tell "not yet" from "done" on a busy machine."""
+    with TpuEmulator(workdir=tmp_path / "slow", create_delay_s=1.0, delete_delay_s=0.2, vm_grace_s=0.5) as emulator:
+        yield emulator
+
+
+def test_an_operation_is_done_only_once_its_time_has_come(slow_emulator: TpuEmulator, tmp_path: Path) -> None:
+    client = tpu_client(slow_emulator)
+    url = f"{slow_emulator.endpoint}/v2/{PARENT}/nodes?nodeId=t1"
+    started = time.monotonic()
+    status, answer = http("POST", url, {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME})
+    assert status == 200 and "done" not in answer  # never done in the answer that starts it
+    early = client.get_operation({"name": answer["name"]})
+    assert time.monotonic() - started < 0.9, "the machine is too slow for this test"
+    assert not early.done and client.get_node(name=f"{PARENT}/nodes/t1").state == tpu_v2.Node.State.CREATING
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - started)) + 0.05)
+    late = client.get_operation({"name": answer["name"]})  # the first read after its time finds it done
+    assert late.done and late.response.type_url.endswith("google.cloud.tpu.v2.Node")
+    status, deleting = http("DELETE", f"{slow_emulator.endpoint}/v2/{PARENT}/nodes/t1")
+    assert status == 200 and "done" not in deleting
+
+
+def test_a_node_boots_on_time_even_if_nobody_polls(slow_emulator: TpuEmulator) -> None:
+    client = tpu_client(slow_emulator)
+    script = "touch booted; sleep 600\n"
+    started = time.monotonic()
+    create(client, "unwatched", metadata={"startup-script": script})  # as a runner that dies while CREATING
+    reads = len(slow_emulator.requests)
+    booted = slow_emulator.launcher.vm_dir(PROJECT, ZONE, "unwatched", 0) / "booted"
+    wait_for(booted.exists, timeout_s=10)
+    assert time.monotonic() - started >= 1.0
+    assert len(slow_emulator.requests) == reads  # no request made it happen
+
+
+def test_a_failure_is_only_in_the_operation(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    tpu_emulator.stockout(ZONE, count=1)
+    op = create(client, "f1")
+    wait_for(lambda: not any(n.node_id == "f1" for n in tpu_emulator.nodes()))
+    with pytest.raises(gexc.NotFound):  # polling the node shows it gone, and not why
+        client.get_node(name=f"{PARENT}/nodes/f1")
+    failed = client.get_operation({"name": op.operation.name})
+    assert failed.done and failed.error.code == 8
+
+
+# -- deletions that fail or take long ----------------------------------------------------------------------------
+
+
+def test_a_failing_delete_leaves_the_node_as_it_was(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    name = create(client, "df1").result(polling=FAST).name
+    tpu_emulator.delete_fails(ZONE, node="df*", count=1, status="FAILED_PRECONDITION", message="Not now.")
+    op = client.delete_node(name=name)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.DELETING
+    with pytest.raises(gexc.FailedPrecondition, match="Not now") as caught:
+        op.result(polling=FAST)
+    status = caught.value.errors[0]
+    assert status.code == 9 and op.operation.error.code == 9
+    assert unpack(status.details, error_details_pb2.ErrorInfo).metadata["resource"] == name
+    assert unpack(status.details, error_details_pb2.PreconditionFailure).violations[0].subject == name
+    node = client.get_node(name=name)
+    assert (node.state, node.health) == (tpu_v2.Node.State.READY, tpu_v2.Node.Health.HEALTHY)
+    client.delete_node(name=name).result(polling=FAST)  # the fault is used up: this one goes through
+    with pytest.raises(gexc.NotFound):
+        client.get_node(name=name)
+
+
+def test_an_internal_delete_failure_over_the_admin_api(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    name = create(client, "df2").result(polling=FAST).name
+    admin = f"{tpu_emulator.endpoint}/_emulator"
+    assert http("POST", f"{admin}/faults/delete-fails", {"status": 13, "count": 1})[0] == 200
+    assert http("POST", f"{admin}/faults/delete-fails", {"status": "NOPE"})[0] == 400
+    op = client.delete_node(name=name)
+    second = client.delete_node(name=name)  # joins the deletion in progress, and shares its fate
+    for each in (op, second):
+        with pytest.raises(gexc.InternalServerError, match="An internal error has occurred"):
+            each.result(polling=FAST)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.READY
+
+
+def test_slow_delete(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    name = create(client, "sd1").result(polling=FAST).name
+    tpu_emulator.slow_delete(0.7, zone=ZONE, count=1)
+    started = time.monotonic()
+    op = client.delete_node(name=name)
+    time.sleep(0.4)  # four times this module's delete_delay_s of 0.1
+    assert client.get_node(name=name).state == tpu_v2.Node.State.DELETING
+    op.result(polling=FAST)
+    assert time.monotonic() - started >= 0.7
+
+
+# -- names already taken -----------------------------------------------------------------------------------------
+
+
+def test_a_name_collision_is_409_and_the_node_is_another_runs(
+    client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator
+) -> None:
+    tpu_emulator.collision(ZONE, node="run-*")
+    with pytest.raises(gexc.Conflict) as caught:  # HTTP 409; AlreadyExists is its gRPC-only subclass
+        create(client, "run-abc", labels={"managed-by": "tpu-runner", "tpu-runner-run": "mine"})
+    assert error_status(caught.value) == "ALREADY_EXISTS"
+    assert caught.value.details == [
+        {"@type": "type.googleapis.com/google.rpc.ResourceInfo", "resourceName": f"{PARENT}/nodes/run-abc"}
+    ]
+    theirs = client.get_node(name=f"{PARENT}/nodes/run-abc")
+    assert theirs.state == tpu_v2.Node.State.READY
+    assert dict(theirs.labels) == {"managed-by": "tpu-runner", "tpu-runner-run": "another-run"}
+    assert tpu_emulator.active_faults() == []  # count 1 by default
+    tpu_emulator.collision(ZONE, message="Name taken.")  # in other words: the status says it
+    with pytest.raises(gexc.Conflict, match="Name taken") as caught:
+        create(client, "run-xyz")
+    assert error_status(caught.value) == "ALREADY_EXISTS"
+
+
+def test_a_node_that_is_just_there(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    info = tpu_emulator.create_node_direct(PROJECT, ZONE, "pre-existing", labels={"tpu-runner-run": "old-run"})
+    assert (info.state, info.accelerator_type, info.runtime_version) == ("READY", "v4-8", RUNTIME)
+    assert client.get_node(name=info.name).labels["tpu-runner-run"] == "old-run"
+    with pytest.raises(gexc.Conflict):
+        create(client, "pre-existing")
+    url, body = f"{tpu_emulator.endpoint}/_emulator/nodes", {"project": PROJECT, "zone": ZONE, "nodeId": "by-curl"}
+    status, made = http("POST", url, body)
+    assert (status, made["state"], made["node_id"]) == (200, "READY", "by-curl")
+    assert http("POST", url, body)[0] == 409
+    assert http("POST", url, {**body, "nodeId": "x", "acceleratorType": "v5p-8"})[0] == 400  # not in this zone
+    assert http("POST", url, {"zone": ZONE})[0] == 400
 
 
 # -- validation -------------------------------------------------------------------------------------------------
@@ -240,7 +386,9 @@ def test_permission_denied_is_403(client: tpu_v2.TpuClient, tpu_emulator: TpuEmu
     with pytest.raises(gexc.Forbidden) as caught:  # HTTP 403; PermissionDenied is its gRPC-only subclass
         create(client, "d1")
     assert error_status(caught.value) == "PERMISSION_DENIED"
-    assert f"Permission 'tpu.nodes.create' denied on '{PARENT}/nodes/d1'" in caught.value.message
+    assert f"Permission 'tpu.nodes.create' denied on resource '{PARENT}/nodes/d1'" in caught.value.message
+    assert (caught.value.reason, caught.value.domain) == ("IAM_PERMISSION_DENIED", "googleapis.com")
+    assert caught.value.metadata == {"permission": "tpu.nodes.create", "resource": f"{PARENT}/nodes/d1"}
     assert list(client.list_nodes(parent=PARENT)) == []  # tpu.nodes.list is not denied
     tpu_emulator.clear_faults()
     create(client, "d1").result(polling=FAST)
@@ -268,14 +416,74 @@ def test_a_burst_of_429s_then_success(client: tpu_v2.TpuClient, tpu_emulator: Tp
     assert posts == [429, 429, 429, 200]
 
 
+def test_errors_carry_their_meaning_in_details_not_in_words(
+    client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator
+) -> None:
+    # An exhausted quota, in words that do not say so: a google.rpc.QuotaFailure says it, and no ErrorInfo.
+    tpu_emulator.quota_exceeded(ZONE, count=1, limit=32, message="The request cannot be fulfilled.")
+    with pytest.raises(gexc.TooManyRequests) as quota:
+        create(client, "w1")
+    assert "quota" not in quota.value.message.lower() and quota.value.reason is None
+    failure = next(d for d in quota.value.details if d["@type"] == "type.googleapis.com/google.rpc.QuotaFailure")
+    violation = failure["violations"][0]
+    assert violation["subject"] == f"project:{PROJECT}" and violation["quotaId"] == "TPUV4sPerProjectPerRegionForTPUAPI"
+    assert "Limit: 32 in region us-central2" in violation["description"]
+    # With a reason, the ErrorInfo too (api-core exposes the first one as reason, domain and metadata).
+    tpu_emulator.quota_exceeded(ZONE, count=1, reason="RESOURCE_QUOTA_EXCEEDED")
+    with pytest.raises(gexc.TooManyRequests) as quota:
+        create(client, "w1")
+    assert (quota.value.reason, quota.value.domain) == ("RESOURCE_QUOTA_EXCEEDED", "googleapis.com")
+    # A rate limit: Google's own message says "Quota exceeded", the ErrorInfo says RATE_LIMIT_EXCEEDED (retry it).
+    tpu_emulator.rate_limit(count=1, method="GET")
+    with pytest.raises(gexc.TooManyRequests) as limited:
+        client.list_nodes(parent=PARENT)
+    assert "Quota exceeded for quota metric" in limited.value.message
+    assert (limited.value.reason, limited.value.domain) == ("RATE_LIMIT_EXCEEDED", "googleapis.com")
+    assert limited.value.metadata["service"] == "tpu.googleapis.com"
+    assert not any("QuotaFailure" in d["@type"] for d in limited.value.details)
+    # Permission denied in Cloud IAM's terse words: the ErrorInfo names the permission.
+    tpu_emulator.deny("tpu.nodes.delete", count=1, message="Request denied by Cloud IAM.")
+    with pytest.raises(gexc.Forbidden) as denied:
+        client.delete_node(name=f"{PARENT}/nodes/w1")
+    assert denied.value.message.endswith(": Request denied by Cloud IAM.")
+    assert denied.value.metadata == {"permission": "tpu.nodes.delete", "resource": f"{PARENT}/nodes/w1"}
+
+
+def test_failures_reported_in_operations_carry_details(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    # A stockout in other words: code 8 of the failed create is the signal, an ErrorInfo when a reason is given.
+    tpu_emulator.stockout(ZONE, count=1, message="The request could not be completed.", reason="STOCKOUT")
+    with pytest.raises(gexc.ResourceExhausted) as stockout:
+        create(client, "o1").result(polling=FAST)
+    status = stockout.value.errors[0]  # a failed operation: api-core gives the google.rpc.Status here...
+    assert (status.code, status.message) == (8, "The request could not be completed.")
+    assert stockout.value.details == [] and stockout.value.reason is None  # ...and nothing in details or reason
+    assert unpack(status.details, error_details_pb2.ErrorInfo).reason == "STOCKOUT"
+    # A quota reported in the operation: the same code 8, told apart by its QuotaFailure.
+    tpu_emulator.quota_exceeded(ZONE, count=1, in_operation=True, message="Try again later.")
+    op = create(client, "o2")
+    with pytest.raises(gexc.ResourceExhausted) as quota:
+        op.result(polling=FAST)
+    assert op.operation.error.code == 8
+    assert (
+        "Quota limit" in unpack(quota.value.errors[0].details, error_details_pb2.QuotaFailure).violations[0].description
+    )
+
+
+def unpack(details: Any, kind: type[Message]) -> Any:
+    """The first detail (a protobuf Any) of type `kind`, unpacked."""
+    found = kind()
+    assert any(d.Unpack(found) for d in details), f"no {kind.DESCRIPTOR.full_name} in {details}"
+    return found
+
+
 def test_slow_create(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
-    tpu_emulator.slow_create(1.2, zone=ZONE, count=1)
+    tpu_emulator.slow_create(0.7, zone=ZONE, count=1)
     started = time.monotonic()
     op = create(client, "slow")
-    time.sleep(0.8)  # past the usual create_delay_s of 0.5
+    time.sleep(0.4)  # twice this module's create_delay_s of 0.2
     assert client.get_node(name=f"{PARENT}/nodes/slow").state == tpu_v2.Node.State.CREATING
     op.result(polling=FAST)
-    assert time.monotonic() - started >= 1.2
+    assert time.monotonic() - started >= 0.7
 
 
 def test_preempted_node_stays_until_deleted(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
@@ -311,72 +519,29 @@ def test_faults_over_the_admin_http_api(client: tpu_v2.TpuClient, tpu_emulator: 
     assert tpu_emulator.requests[-1].path == f"/v2/{PARENT}/nodes"
 
 
-# -- queued resources -------------------------------------------------------------------------------------------
-
-
-def queued_resource(node_id: str, **fields: Any) -> tpu_v2.QueuedResource:
-    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, node_id=node_id, node=node_spec())
-    return tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]), **fields)
-
-
-def qr_state(client: tpu_v2.TpuClient, name: str) -> str:
-    return client.get_queued_resource(name=name).state.state.name
-
-
-def test_queued_resource_lifecycle_and_force_delete(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
-    tpu_emulator.stockout(ZONE, count=2)  # a queued resource waits a stockout out
-    op = client.create_queued_resource(parent=PARENT, queued_resource_id="qr1", queued_resource=queued_resource("qn1"))
-    assert OP_NAME.match(op.operation.name)
-    name = f"{PARENT}/queuedResources/qr1"
-    assert op.result(polling=FAST).name == name
-    seen = set()
-    wait_for(lambda: seen.add(qr_state(client, name)) or "ACTIVE" in seen)
-    assert "WAITING_FOR_RESOURCES" in seen
-    node = client.get_node(name=f"{PARENT}/nodes/qn1")
-    assert node.state == tpu_v2.Node.State.READY and node.queued_resource == name
-    assert [q.name for q in client.list_queued_resources(parent=PARENT)] == [name]
-    with pytest.raises(gexc.BadRequest) as caught:
-        client.delete_queued_resource(name=name)
-    assert error_status(caught.value) == "FAILED_PRECONDITION" and "force" in caught.value.message
-    client.delete_queued_resource(request={"name": name, "force": True}).result(polling=FAST)
-    with pytest.raises(gexc.NotFound):
-        client.get_queued_resource(name=name)
-    with pytest.raises(gexc.NotFound):
-        client.get_node(name=f"{PARENT}/nodes/qn1")
-    assert [r.query.get("force") for r in tpu_emulator.requests if r.method == "DELETE"] == [None, "true"]
-
-
-def test_queued_resource_suspended_when_its_node_goes(client: tpu_v2.TpuClient) -> None:
-    op = client.create_queued_resource(
-        parent=PARENT, queued_resource_id="qr2", queued_resource=queued_resource("qn2", spot={})
-    )
-    op.result(polling=FAST)
-    name = f"{PARENT}/queuedResources/qr2"
-    wait_for(lambda: qr_state(client, name) == "ACTIVE")
-    assert client.get_node(name=f"{PARENT}/nodes/qn2").scheduling_config.spot
-    client.delete_node(name=f"{PARENT}/nodes/qn2").result(polling=FAST)
-    assert qr_state(client, name) == "SUSPENDED"
-    client.delete_queued_resource(name=name).result(polling=FAST)  # no nodes left: no force needed
-
-
-def test_queued_resource_fails_when_valid_until_passes(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
-    tpu_emulator.stockout(ZONE)  # until cleared
-    policy = tpu_v2.QueuedResource.QueueingPolicy(valid_until_duration={"seconds": 1})
-    op = client.create_queued_resource(
-        parent=PARENT, queued_resource_id="qr3", queued_resource=queued_resource("qn3", queueing_policy=policy)
-    )
-    op.result(polling=FAST)
-    name = f"{PARENT}/queuedResources/qr3"
-    wait_for(lambda: qr_state(client, name) == "FAILED")
-    state = client.get_queued_resource(name=name).state
-    assert state.failed_data.error.code == 8 and "valid-until" in state.failed_data.error.message
-    with pytest.raises(gexc.Conflict):
-        client.create_queued_resource(parent=PARENT, queued_resource_id="qr3", queued_resource=queued_resource("x"))
-    with pytest.raises(gexc.BadRequest, match="parent"):
-        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent="projects/p/locations/other", node_id="x", node=node_spec())
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr4", queued_resource={"tpu": {"node_spec": [spec]}}
-        )
+def test_new_fault_kinds_over_the_admin_http_api(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
+    admin = f"{tpu_emulator.endpoint}/_emulator/faults"
+    added = {
+        "rate-limit": {"method": "GET", "message": "Slow down."},
+        "slow-delete": {"seconds": 5, "zone": ZONE},
+        "collision": {"node": "c-*", "labels": {"tpu-runner-run": "theirs"}},
+        "boot-hang": {"zone": ZONE, "count": 2},
+        "quota": {"in_operation": True, "reason": "RESOURCE_QUOTA_EXCEEDED", "message": "No."},
+        "stockout": {"reason": "STOCKOUT", "node": "s-*"},
+        "drop-env": {"env": ["RUNNER_DEADLINE"], "image": "us-docker.pkg.dev/*"},
+    }
+    for kind, body in added.items():
+        status, fault = http("POST", f"{admin}/{kind}", body)
+        assert status == 200 and fault["kind"] == kind.replace("-", "_"), fault
+    assert sorted(f["kind"] for f in http("GET", admin)[1]["faults"]) == sorted(k.replace("-", "_") for k in added)
+    with pytest.raises(gexc.TooManyRequests, match="Slow down") as caught:
+        client.list_nodes(parent=PARENT)
+    assert caught.value.reason == "RATE_LIMIT_EXCEEDED"
+    assert http("POST", f"{admin}/slow-delete", {})[0] == 400  # seconds are required
+    assert http("POST", f"{admin}/stockout", {"status": 13})[0] == 400  # status is not a stockout's
+    assert http("POST", f"{admin}/collision", {"labels": {"k": 1}})[0] == 400
+    assert http("POST", f"{admin}/drop-env", {"env": []})[0] == 400  # which variables, then?
+    assert http("POST", f"{admin}/stockout", {"env": ["X"]})[0] == 400
 
 
 # -- recording and the command line -----------------------------------------------------------------------------

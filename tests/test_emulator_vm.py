@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,6 +265,37 @@ def test_a_node_without_a_startup_script_runs_nothing(client: tpu_v2.TpuClient, 
     assert tpu_emulator.node(name).vms == ()  # type: ignore[union-attr]
 
 
+def test_a_ready_node_whose_startup_script_never_starts(quick_emulator: TpuEmulator) -> None:
+    client = tpu_client(quick_emulator)
+    quick_emulator.boot_hang(ZONE, count=1)
+    name = boot(client, "hung", "touch started\n")
+    node = client.get_node(name=name)
+    assert (node.state, node.health) == (tpu_v2.Node.State.READY, tpu_v2.Node.Health.HEALTHY)  # all looks well...
+    info = quick_emulator.node(name)
+    assert info is not None and info.vms == ()  # ...but nothing runs
+    log = info.console_logs[0].read_text()
+    assert "the startup-script never started" in log and "boot_hang" in log
+    time.sleep(0.3)
+    assert not (info.console_logs[0].parent / "started").exists()
+    # The fault is used up: the next node runs its script.
+    other = boot(client, "fine", "touch started\n")
+    assert wait_file(quick_emulator.node(other).console_logs[0].parent / "started", 10) == ""  # type: ignore[union-attr]
+
+
+def test_a_failed_deletion_leaves_the_vms_running(quick_emulator: TpuEmulator) -> None:
+    client = tpu_client(quick_emulator)
+    name = boot(client, "stays", "echo up > up\nsleep 600\n")
+    vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
+    wait_file(vm.directory / "up")
+    quick_emulator.delete_fails(ZONE, count=1)
+    with pytest.raises(gexc.InternalServerError):
+        client.delete_node(name=name).result(polling=FAST)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.READY
+    assert container.process_alive(vm.pid) and quick_emulator.node(name).vms[0].pid == vm.pid  # type: ignore[union-attr]
+    client.delete_node(name=name).result(polling=FAST)
+    assert not container.process_alive(vm.pid)
+
+
 # -- the docker shim on its own ---------------------------------------------------------------------------------
 
 
@@ -295,6 +327,42 @@ def test_docker_run_flags_and_environment(tmp_path: Path) -> None:
     seen = json.loads(result.stdout.splitlines()[-1])
     assert seen == {"FOO": "bar", "FROM_ENV": "inherited", "FILE": "from file", "HOST_ONLY": None}
     assert f"Unable to find image '{IMAGE}' locally" in result.stderr  # run pulls what is not there
+
+
+def test_drop_env_keeps_variables_out_of_the_container(quick_emulator: TpuEmulator, tmp_path: Path) -> None:
+    """The drop-env fault: the job never learns its deadline, whatever the bootstrap passes (-e, --env-file)."""
+    names = (contract.MAX_RUNTIME_S, contract.DEADLINE, "KEEP")
+    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"{contract.DEADLINE}=1900000000\n{contract.RUN_DIR}={tmp_path / 'run'}\n")
+    args = [
+        "run", "--rm", "--env-file", str(env_file), "-e", f"{contract.MAX_RUNTIME_S}=60", "-e", "KEEP=1",
+        "-e", f"{contract.COMMAND}={json.dumps([sys.executable, '-c', show])}", IMAGE,
+    ]  # fmt: skip
+    fault = quick_emulator.drop_env("RUNNER_MAX_*", contract.DEADLINE, image="us-docker.pkg.dev/rehearsal/*", count=1)
+    assert fault.env == ("RUNNER_MAX_*", contract.DEADLINE)
+    dropped = shim(args, tmp_path, RUNNER_TPU_API=quick_emulator.endpoint)
+    assert dropped.returncode == 0, dropped.stderr
+    assert json.loads(dropped.stdout.splitlines()[-1]) == {
+        contract.MAX_RUNTIME_S: None,
+        contract.DEADLINE: None,
+        "KEEP": "1",
+    }
+    assert f"without {contract.DEADLINE}, {contract.MAX_RUNTIME_S}" in dropped.stderr  # on the VM's console
+    # Its count is used up: the next container gets everything again. The admin API adds the same fault.
+    again = shim(args, tmp_path, RUNNER_TPU_API=quick_emulator.endpoint)
+    assert json.loads(again.stdout.splitlines()[-1])[contract.DEADLINE] == "1900000000"
+    request = urllib.request.Request(
+        f"{quick_emulator.endpoint}/_emulator/faults/drop-env",
+        data=json.dumps({"env": ["KEEP"]}).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert json.load(answer)["env"] == ["KEEP"]
+    other = shim(args, tmp_path, RUNNER_TPU_API=quick_emulator.endpoint)
+    assert json.loads(other.stdout.splitlines()[-1])["KEEP"] is None
+    with pytest.raises(ValueError):
+        quick_emulator.drop_env()
 
 
 def test_docker_run_exit_codes(tmp_path: Path) -> None:

@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--create-delay", type=float, default=2.0, metavar="S", help="seconds CREATING lasts (2)")
     parser.add_argument("--delete-delay", type=float, default=1.0, metavar="S", help="seconds DELETING lasts (1)")
     parser.add_argument("--vm-grace", type=float, default=10.0, metavar="S", help="SIGTERM->SIGKILL grace (10)")
+    parser.add_argument(
+        "--queue-style",
+        choices=("waiting", "accepted"),
+        default="waiting",
+        help="where queued resources wait: WAITING_FOR_RESOURCES (current API, default) or ACCEPTED (older API)",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not print each request")
     args = parser.parse_args(argv)
 
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         create_delay_s=args.create_delay,
         delete_delay_s=args.delete_delay,
         vm_grace_s=args.vm_grace,
+        queue_style=args.queue_style,
     )
     try:
         emulator.start()

@@ -4,12 +4,16 @@ GET    /_emulator/health                 {"ok": true, "endpoint": ...}
 GET    /_emulator/requests               every request answered so far (?path=REGEX filters)
 POST   /_emulator/reset                  forget every node, operation, queued resource, fault and request
 GET    /_emulator/nodes                  nodes with their VMs (pids, directories, console logs)
+POST   /_emulator/nodes                  {"project", "zone", "nodeId", "acceleratorType"?, "runtimeVersion"?,
+                                         "labels"?, "metadata"?}: a READY node that is just there (no operation)
 GET    /_emulator/faults                 the active faults
-POST   /_emulator/faults/<kind>          add one; kind: stockout, quota, permission, http, slow-create,
-                                         missing-image; JSON body: its fields (zone, count, status, ...)
+POST   /_emulator/faults/<kind>          add one; kind: stockout, quota, permission, http, rate-limit,
+                                         slow-create, missing-image, delete-fails, slow-delete, collision,
+                                         boot-hang, drop-env; JSON body: its fields (zone, node, count, status, ...)
 DELETE /_emulator/faults[/<id>]          clear all faults, or one
 POST   /_emulator/preempt                {"node": "<name or node id>"}: READY -> PREEMPTED, VMs stopped
 GET    /_emulator/images?name=IMAGE      whether `docker pull IMAGE` works (the docker shim asks)
+GET    /_emulator/container-env?image=IMAGE  variables `docker run IMAGE` leaves out (drop_env; the shim asks)
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from runner.emulator.faults import KINDS, fault_from_json
 from runner.emulator.server import Request, Response
 
 if TYPE_CHECKING:
-    from runner.emulator.emulator import TpuEmulator
+    from runner.emulator.emulator import NodeInfo, TpuEmulator
 
 URL_KINDS = {kind.replace("_", "-"): kind for kind in KINDS}  # /faults/slow-create -> slow_create
 
@@ -65,6 +69,8 @@ class Admin:
             return Response.json({"reset": True})
         if (method, path) == ("GET", "/nodes"):
             return Response.json({"nodes": [n.to_json() for n in em.nodes()]})
+        if (method, path) == ("POST", "/nodes"):
+            return Response.json(self._create_node(_body(request)).to_json())
         if (method, path) == ("GET", "/faults"):
             return Response.json({"faults": [f.to_json() for f in em.active_faults()]})
         if (method, path) == ("DELETE", "/faults"):
@@ -94,4 +100,26 @@ class Admin:
                 None if present else f"manifest for {image} not found: manifest unknown: manifest unknown"
             )
             return Response.json({"image": image, "present": present, "message": message})
+        if (method, path) == ("GET", "/container-env"):
+            image = request.query.get("image", "")
+            dropped = em.faults.take("drop_env", image=image)
+            return Response.json({"image": image, "drop": list(dropped.env or ()) if dropped else []})
         raise ApiError("NOT_FOUND", f"no admin route {method} {request.path}; see GET /_emulator/health")
+
+    def _create_node(self, body: dict[str, Any]) -> NodeInfo:
+        fields = {"project", "zone", "nodeId", "acceleratorType", "runtimeVersion", "labels", "metadata"}
+        unknown = sorted(set(body) - fields)
+        if unknown:
+            raise ValueError(f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+        missing = [k for k in ("project", "zone", "nodeId") if not isinstance(body.get(k), str)]
+        if missing:
+            raise ValueError(f"missing field(s): {', '.join(missing)}")
+        return self.emulator.create_node_direct(
+            body["project"],
+            body["zone"],
+            body["nodeId"],
+            accelerator_type=body.get("acceleratorType"),
+            runtime_version=body.get("runtimeVersion"),
+            labels=body.get("labels"),
+            metadata=body.get("metadata"),
+        )

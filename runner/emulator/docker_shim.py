@@ -9,13 +9,15 @@ STORAGE_EMULATOR_HOST: the VM's network reaches the storage emulator. Volumes, u
 are accepted and have no effect: there is no isolation to configure.
 
 `pull` asks the emulator ($RUNNER_TPU_API/_emulator/images) whether the image "exists", so the missing-image
-fault makes it fail as Docker does. `stop`, `rm -f` and `kill` find containers by name through per-name records
+fault makes it fail as Docker does; `run` asks it ($RUNNER_TPU_API/_emulator/container-env) which variables to leave
+out of the container (the drop-env fault). `stop`, `rm -f` and `kill` find containers by name through per-name records
 under $TMPDIR/docker-shim/.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -84,6 +86,20 @@ def image_available(ref: str) -> tuple[bool, str | None]:
     except (OSError, ValueError):
         return True, None
     return bool(data.get("present", True)), data.get("message")
+
+
+def dropped_env(ref: str) -> list[str]:
+    """The variable names (fnmatch patterns) a drop-env fault leaves out of this container; none without an
+    emulator to ask, or when it cannot be asked."""
+    api = os.environ.get("RUNNER_TPU_API")
+    if not api:
+        return []
+    url = f"{api}/_emulator/container-env?{urllib.parse.urlencode({'image': ref})}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return [str(name) for name in json.load(answer).get("drop", [])]
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def pull(image: str, *, quiet: bool = False) -> str | None:
@@ -268,6 +284,15 @@ def run(args: list[str]) -> int:
     for key in ("STORAGE_EMULATOR_HOST", MARKER):
         if key in os.environ:
             final[key] = os.environ[key]
+    drop = dropped_env(ref)
+    if drop:
+        gone = sorted(k for k in final if k != MARKER and any(fnmatch.fnmatchcase(k, p) for p in drop))
+        for key in gone:
+            del final[key]
+        # On the VM's console (docker run's stderr), not in the job's log: the job must not know.
+        print(
+            f"[emulator] drop-env fault: the container starts without {', '.join(gone) or 'nothing'}", file=sys.stderr
+        )
     if not detached_child:
         _save(
             {

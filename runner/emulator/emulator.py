@@ -10,13 +10,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from runner import catalog
 from runner.emulator import metadata
 from runner.emulator.admin import Admin
 from runner.emulator.errors import ApiError
 from runner.emulator.faults import Fault, Faults, fault_from_json
+from runner.emulator.resources import Node
 from runner.emulator.scheduler import Scheduler
 from runner.emulator.server import Api, HttpServer, RecordedRequest, Request, Response
-from runner.emulator.state import Cloud
+from runner.emulator.state import Cloud, QueueStyle
 from runner.emulator.vm import VmInfo, VmLauncher
 
 # The Docker Registry HTTP API v2, as Artifact Registry serves it: HEAD/GET /v2/<name>/manifests/<tag or digest>.
@@ -41,10 +43,12 @@ class NodeInfo:
     queued_resource: str | None
     vms: tuple[VmInfo, ...]
     json: dict[str, Any]
+    console_logs: tuple[Path, ...] = ()  # the workers' serial consoles (also of VMs that never ran anything)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["vms"] = [{k: str(v) if isinstance(v, Path) else v for k, v in asdict(vm).items()} for vm in self.vms]
+        out["console_logs"] = [str(log) for log in self.console_logs]
         return out
 
 
@@ -65,7 +69,10 @@ class TpuEmulator:
         create_delay_s: float = 0.5,
         delete_delay_s: float = 0.2,
         vm_grace_s: float = 3.0,
+        queue_style: QueueStyle = "waiting",
     ) -> None:
+        """`queue_style`: where a queued resource waits, "waiting" (WAITING_FOR_RESOURCES, the current API) or
+        "accepted" (ACCEPTED, as the older API answered)."""
         self.host, self._port = host, port
         self.workdir = Path(workdir).absolute()
         self.gcs_endpoint = gcs_endpoint
@@ -81,6 +88,7 @@ class TpuEmulator:
             create_delay_s=create_delay_s,
             delete_delay_s=delete_delay_s,
             vm_grace_s=vm_grace_s,
+            queue_style=queue_style,
         )
         self.api = Api(self.cloud, self.faults)
         self.admin = Admin(self)
@@ -98,6 +106,7 @@ class TpuEmulator:
         self._http = HttpServer(self.host, self._port, self._dispatch, self._record)
         self.launcher.endpoint = self.endpoint
         self.cloud.closing.clear()
+        self.cloud.agenda.paused = False
         self.scheduler.start()
         self._http.start()
         return self
@@ -108,6 +117,7 @@ class TpuEmulator:
             return
         self._http.stop()
         self.cloud.closing.set()
+        self.cloud.agenda.paused = True  # nothing boots or changes any more, not even when someone looks
         self.scheduler.stop()
         self.launcher.stop_all(self.vm_grace_s)
         self.cloud.join_threads(self.vm_grace_s + 10)
@@ -155,20 +165,30 @@ class TpuEmulator:
             self._requests.append(request)
 
     def nodes(self) -> list[NodeInfo]:
+        """Every node, as of now (a look settles the state, as an API read does)."""
         with self.cloud.lock:
+            self.cloud.settle()
             return [self._info(n) for n in self.cloud.nodes.values()]
 
     def node(self, node: str) -> NodeInfo | None:
         with self.cloud.lock:
+            self.cloud.settle()
             found = self.cloud.nodes.get(self._resolve(node, must_exist=False))
             return self._info(found) if found is not None else None
 
     def queued_resources(self) -> list[dict[str, Any]]:
         with self.cloud.lock:
-            return [q.to_json() for q in self.cloud.queued.values()]
+            self.cloud.settle()
+            return [q.to_json() for q in self.cloud.queued.items.values()]
 
-    def _info(self, n: Any) -> NodeInfo:
+    def _info(self, n: Node) -> NodeInfo:
         data = n.to_json()
+        if n.vms is not None:
+            logs = tuple(vm.console_log for vm in n.vms.info())
+        elif n.hung:
+            logs = self.launcher.console_logs(n.project, n.zone, n.node_id, n.accel.hosts)
+        else:
+            logs = ()
         return NodeInfo(
             n.name,
             n.project,
@@ -183,6 +203,7 @@ class TpuEmulator:
             n.queued_resource,
             n.vms.info() if n.vms is not None else (),
             data,
+            logs,
         )
 
     def _resolve(self, node: str, *, must_exist: bool = True) -> str:
@@ -202,9 +223,18 @@ class TpuEmulator:
     def _add(self, kind: str, **fields: Any) -> Fault:
         return self.faults.add(fault_from_json(kind, {k: v for k, v in fields.items() if v is not None}))
 
-    def stockout(self, zone: str | None = None, *, count: int | None = None, message: str | None = None) -> Fault:
-        """Creates in `zone` (every zone when None) are accepted, then their operation fails with code 8."""
-        return self._add("stockout", zone=zone, count=count, message=message)
+    def stockout(
+        self,
+        zone: str | None = None,
+        *,
+        count: int | None = None,
+        message: str | None = None,
+        reason: str | None = None,
+        node: str | None = None,
+    ) -> Fault:
+        """Creates in `zone` (every zone when None; of node ids matching `node`) are accepted, then their operation
+        fails with code 8 RESOURCE_EXHAUSTED; `reason` adds an ErrorInfo. Queued resources wait instead."""
+        return self._add("stockout", zone=zone, count=count, message=message, reason=reason, node=node)
 
     def quota_exceeded(
         self,
@@ -214,13 +244,103 @@ class TpuEmulator:
         quota: str | None = None,
         limit: int = 0,
         message: str | None = None,
+        reason: str | None = None,
+        in_operation: bool = False,
     ) -> Fault:
-        """Creates in `zone` are answered at once with HTTP 429 RESOURCE_EXHAUSTED naming a quota."""
-        return self._add("quota", zone=zone, count=count, quota=quota, limit=limit, message=message)
+        """Creates in `zone` are answered with HTTP 429 RESOURCE_EXHAUSTED carrying a google.rpc.QuotaFailure (plus
+        an ErrorInfo with `reason` when given); with `in_operation` the create is accepted and its operation fails
+        with code 8 and the same details instead."""
+        fields = {"quota": quota, "limit": limit, "message": message, "reason": reason, "in_operation": in_operation}
+        return self._add("quota", zone=zone, count=count, **fields)
 
-    def deny(self, permission: str = "tpu.nodes.create", *, count: int | None = None) -> Fault:
-        """Requests needing `permission` (an fnmatch pattern: tpu.nodes.* ...) get 403 PERMISSION_DENIED."""
-        return self._add("permission", permission=permission, count=count)
+    def deny(
+        self, permission: str = "tpu.nodes.create", *, count: int | None = None, message: str | None = None
+    ) -> Fault:
+        """Requests needing `permission` (an fnmatch pattern: tpu.nodes.* ...) get 403 PERMISSION_DENIED with an
+        ErrorInfo IAM_PERMISSION_DENIED {permission, resource}."""
+        return self._add("permission", permission=permission, count=count, message=message)
+
+    def rate_limit(
+        self, count: int | None = 1, *, method: str | None = None, path: str | None = None, message: str | None = None
+    ) -> Fault:
+        """The next `count` /v2/ requests get 429 RESOURCE_EXHAUSTED with an ErrorInfo RATE_LIMIT_EXCEEDED, and by
+        default Google's real message for it, which says "Quota exceeded": retry these, unlike an exhausted quota."""
+        return self._add("rate_limit", count=count, method=method, path=path, message=message)
+
+    def delete_fails(
+        self,
+        zone: str | None = None,
+        *,
+        node: str | None = None,
+        count: int | None = None,
+        status: str | int = "INTERNAL",
+        message: str | None = None,
+        reason: str | None = None,
+        seconds: float | None = None,
+    ) -> Fault:
+        """Deletes of existing nodes (not CREATING ones) are accepted, show DELETING for `seconds` (delete_delay_s),
+        then their operation fails with `status` (a name or gRPC code) and the node is back as it was, its VMs
+        never stopped."""
+        fields = {"status": status, "message": message, "reason": reason, "seconds": seconds}
+        return self._add("delete_fails", zone=zone, node=node, count=count, **fields)
+
+    def slow_delete(
+        self, seconds: float, *, zone: str | None = None, node: str | None = None, count: int | None = None
+    ) -> Fault:
+        """Nodes deleted in `zone` stay DELETING for `seconds` instead of delete_delay_s."""
+        return self._add("slow_delete", seconds=seconds, zone=zone, node=node, count=count)
+
+    def collision(
+        self,
+        zone: str | None = None,
+        *,
+        node: str | None = None,
+        count: int | None = 1,
+        labels: dict[str, str] | None = None,
+        message: str | None = None,
+    ) -> Fault:
+        """The next create (in `zone`, of a node id matching `node`) finds the name taken: a READY node of the same
+        type appears, labelled as another run (`labels`, by default OTHER_RUN_LABELS; none of the request's), and
+        the create is answered 409 ALREADY_EXISTS (with `message`, if given)."""
+        return self._add("collision", zone=zone, node=node, count=count, labels=labels, message=message)
+
+    def boot_hang(self, zone: str | None = None, *, node: str | None = None, count: int | None = None) -> Fault:
+        """Nodes created in `zone` become READY and HEALTHY, but their VMs never run the startup-script; their
+        console logs say so."""
+        return self._add("boot_hang", zone=zone, node=node, count=count)
+
+    def create_node_direct(
+        self,
+        project: str,
+        zone: str,
+        node_id: str,
+        *,
+        accelerator_type: str | None = None,
+        runtime_version: str | None = None,
+        labels: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> NodeInfo:
+        """A READY node that is just there, with no operation (another run's, or one from before): validated like a
+        create, it runs its startup-script if `metadata` has one. The type defaults to the smallest single-host
+        type offered in `zone`, the runtime to its generation's default."""
+        if accelerator_type is None:
+            offered = [t for t in catalog.all_types() if zone in t.zones]
+            if not offered:
+                raise ApiError("INVALID_ARGUMENT", f"no accelerator type is offered in zone {zone}")
+            accelerator_type = min(offered, key=lambda t: (t.hosts, t.chips)).name
+        if runtime_version is None:
+            try:
+                runtime_version = catalog.accelerator(accelerator_type).generation.default_runtime
+            except catalog.CatalogError as exc:
+                raise ApiError("INVALID_ARGUMENT", str(exc)) from None
+        spec: dict[str, Any] = {"acceleratorType": accelerator_type, "runtimeVersion": runtime_version}
+        if labels:
+            spec["labels"] = dict(labels)
+        if metadata:
+            spec["metadata"] = dict(metadata)
+        with self.cloud.lock:
+            self.cloud.settle()
+            return self._info(self.cloud.insert_node(project, zone, node_id, spec))
 
     def http_errors(
         self,
@@ -242,6 +362,12 @@ class TpuEmulator:
         """`docker pull` (and `docker run`) of images matching the fnmatch pattern fails as for a missing image."""
         return self._add("missing_image", image=image, count=count, message=message)
 
+    def drop_env(self, *names: str, image: str = "*", count: int | None = None) -> Fault:
+        """`docker run` of images matching `image` (fnmatch) starts the container without the variables matching
+        `names` (fnmatch patterns), whatever -e or --env-file say: e.g. a job that never learns its deadline
+        (RUNNER_MAX_RUNTIME_S, RUNNER_DEADLINE), so that only the bootstrap and the runner can stop it."""
+        return self._add("drop_env", env=list(names), image=image, count=count)
+
     def active_faults(self) -> list[Fault]:
         return self.faults.list()
 
@@ -251,6 +377,7 @@ class TpuEmulator:
     def preempt(self, node: str, *, wait: bool = True) -> str:
         """READY -> PREEMPTED: its VMs get SIGTERM, SIGKILL after vm_grace_s. Returns the node's full name."""
         with self.cloud.lock:
+            self.cloud.settle()
             name = self._resolve(node)
             group = self.cloud.preempt(name)
         if group is not None:
@@ -289,6 +416,7 @@ class TpuEmulator:
         if match:
             project, zone, node_id, worker, rest = match.groups()
             with self.cloud.lock:
+                self.cloud.settle()
                 node = self.cloud.nodes.get(f"projects/{project}/locations/{zone}/nodes/{node_id}")
                 hostnames = [self.launcher.hostname(project, zone, node_id, w) for w in (node.workers if node else [])]
                 status, kind, body = metadata.serve(

@@ -51,13 +51,6 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def stockout_message(zone: str) -> str:
-    return (
-        f'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are '
-        f"offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{random.getrandbits(60):x}]"
-    )
-
-
 def _seconds(duration: str) -> float:
     return float(duration.rstrip("s"))
 
@@ -116,7 +109,12 @@ class Node:
     queued_resource: str | None = None
     multislice: bool = False
     vms: VmGroup | None = None
-    delete_ops: list[Operation] = field(default_factory=list)
+    hung: bool = False  # READY, but its VMs never ran the startup-script (boot_hang)
+    delete_ops: list[Operation] = field(default_factory=list)  # of the deletion in progress
+    delete_error: dict[str, Any] | None = None  # the google.rpc.Status the deletion in progress will end with
+    restore: tuple[str, str | None] = ("READY", "HEALTHY")  # state and health a failed deletion goes back to
+    vms_stopped: bool = True  # False while a deletion is still stopping the VMs
+    gone_when_stopped: bool = False  # the deletion's time has come, but not the end of its VMs
 
     @property
     def name(self) -> str:

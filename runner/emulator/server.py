@@ -1,8 +1,9 @@
 """The HTTP side: a threading stdlib server, requests and answers as data, and the Cloud TPU v2 REST routes.
 
-Routes are the google-cloud-tpu REST transport's (every one under /v2/). Before a route runs, injected HTTP
-errors and permission denials get their turn; an ApiError becomes Google's JSON error, anything else a 500.
-Answers are rendered through the API's protobuf types (runner.emulator.codec).
+Routes are the google-cloud-tpu REST transport's (every one under /v2/). Every request first brings the cloud's
+state up to now (Cloud.settle: the state is a function of elapsed time). Before a route runs, injected HTTP
+errors, rate limits and permission denials get their turn; an ApiError becomes Google's JSON error, anything else
+a 500. Answers are rendered through the API's protobuf types (runner.emulator.codec).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from runner import catalog
-from runner.emulator import codec
+from runner.emulator import codec, errors
 from runner.emulator.errors import ApiError, not_found
 from runner.emulator.faults import Faults
+from runner.emulator.resources import project_number
 from runner.emulator.state import After, Cloud
 
 SEG = r"([^/:]+)"
+_PROJECT = re.compile(r"^/v2/projects/([^/]+)")
 PARENT = rf"/v2/projects/{SEG}/locations/{SEG}"
 # Real routes the emulator does not serve (another method, or a collection it does not keep): 501, not 404.
 NOT_EMULATED = re.compile(
@@ -230,10 +233,16 @@ class Api:
         self.routes = [(method, re.compile(path + "$"), fn, perm) for method, path, fn, perm in routes]
 
     def handle(self, request: Request) -> Response:
+        with self.cloud.lock:
+            self.cloud.settle()
         try:
             burst = self.faults.take("http", method=request.method, path=request.path)
             if burst is not None:
-                raise ApiError.for_http(burst.status, burst.message)
+                raise ApiError.for_http(int(burst.status or 503), burst.message)
+            limited = self.faults.take("rate_limit", method=request.method, path=request.path)
+            if limited is not None:
+                project = _PROJECT.match(request.path)
+                raise errors.rate_limited(project_number(project[1] if project else "-"), message=limited.message)
             for method, pattern, fn, permission in self.routes:
                 match = pattern.match(request.path)
                 if match and method == request.method:
@@ -243,7 +252,7 @@ class Api:
                         new_id = request.query.get("nodeId") or request.query.get("queuedResourceId")
                         if request.method == "POST" and new_id:
                             resource += "/" + new_id
-                        raise ApiError("PERMISSION_DENIED", f"Permission '{permission}' denied on '{resource}'")
+                        raise errors.permission_denied(permission, resource, message=denied.message)
                     numeric = "enum-encoding=int" in request.query.get("$alt", "")
                     return fn(request, numeric, *match.groups())
             if NOT_EMULATED.match(request.path) or ":" in request.path.rsplit("/", 1)[-1]:
@@ -299,8 +308,8 @@ class Api:
 
     def create_node(self, request: Request, numeric: bool, project: str, zone: str) -> Response:
         spec = codec.parse_body(request.body, codec.NODE, "node")
-        op = self.cloud.create_node(project, zone, request.query.get("nodeId"), spec)
-        with self.cloud.lock:
+        with self.cloud.lock:  # held until the answer is rendered: no transition can complete the operation first
+            op = self.cloud.create_node(project, zone, request.query.get("nodeId"), spec)
             return Response.json(self._op(op, numeric))
 
     def list_nodes(self, request: Request, numeric: bool, project: str, zone: str) -> Response:
@@ -338,23 +347,23 @@ class Api:
 
     def create_queued(self, request: Request, numeric: bool, project: str, zone: str) -> Response:
         spec = codec.parse_body(request.body, codec.QUEUED_RESOURCE, "queued_resource")
-        op = self.cloud.create_queued_resource(project, zone, request.query.get("queuedResourceId"), spec)
         with self.cloud.lock:
+            op = self.cloud.queued.create(project, zone, request.query.get("queuedResourceId"), spec)
             return Response.json(self._op(op, numeric))
 
     def list_queued(self, request: Request, numeric: bool, project: str, zone: str) -> Response:
         with self.cloud.lock:
-            items = self.cloud.list_queued_resources(project, zone)
+            items = self.cloud.queued.in_zone(project, zone)
             return Response.json(_page(items, request.query, "queuedResources", lambda q: self._queued(q, numeric)))
 
     def get_queued(self, request: Request, numeric: bool, project: str, zone: str, qr_id: str) -> Response:
         with self.cloud.lock:
-            qr = self.cloud.get_queued_resource(f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
+            qr = self.cloud.queued.get(f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
             return Response.json(self._queued(qr, numeric))
 
     def delete_queued(self, request: Request, numeric: bool, project: str, zone: str, qr_id: str) -> Response:
         force = request.query.get("force", "").lower() in ("true", "1")
         with self.cloud.lock:
             name = f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
-            op, after = self.cloud.delete_queued_resource(name, force=force)
+            op, after = self.cloud.queued.delete(name, force=force)
             return Response.json(self._op(op, numeric), after=after)

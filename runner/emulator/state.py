@@ -1,11 +1,24 @@
-"""The emulated cloud: nodes, long-running operations and queued resources, and the state machine between them.
+"""The emulated cloud: nodes and long-running operations, and the state machine between them (queued resources
+are in runner.emulator.queued).
 
-Nodes:  CREATING --create_delay_s--> READY --preempt--> PREEMPTED      (a preempted node stays until deleted)
-        any --delete--> DELETING --VMs stopped (from delete_delay_s/2 on), delete_delay_s--> gone
-        A stockout fails the create operation (code 8) and the node goes away; a quota fault answers 429 at once.
-Queued resources:  CREATING -> ACCEPTED -> WAITING_FOR_RESOURCES (while the zone is stocked out) -> PROVISIONING
-        (its nodes are created) -> ACTIVE (all READY); a node preempted or deleted -> SUSPENDING, gone -> SUSPENDED;
-        valid-until passed while waiting -> FAILED; delete (force=true when nodes exist) -> DELETING -> gone.
+Nodes:  CREATING --create delay--> READY (VMs boot)          --preempt--> PREEMPTED (stays until deleted)
+        CREATING --create delay--> gone, operation failed    (stockout, or a quota fault reported in the operation)
+        any --delete--> DELETING --VMs stopped, delete delay--> gone
+        READY --delete (delete_fails fault)--> DELETING --delete delay--> READY again, VMs never stopped,
+                                                                            the delete operation failed
+Operations are never done in the answer that starts them (the lock is held from the request to its answer, and
+every transition is due later). The error of a failed create or delete is only in its operation: a client that
+never reads the operation sees the node vanish (or come back READY) and never learns why.
+
+Time (see runner.emulator.scheduler): every transition is due at a time and is applied by the first read after
+it, or on time by the scheduler for the ones marked `wake`:
+- on time alone: a create's end (READY and the VMs boot, so a node whose runner died while it was CREATING still
+  comes up and runs its job, as on Cloud TPU; or the node gone, for a failed create), stopping the VMs of a
+  deleted node, a preempted queued node's deletion by the service, and what a queued resource does
+  (runner.emulator.queued);
+- at the first read after their time: the end of a deletion (the node gone, or back after a failed one, and the
+  delete operation done). Nothing outside the API can see these before someone reads, so reads suffice.
+An operation turns done in the transition that ends its work, with a response or a google.rpc.Status error.
 
 Everything is guarded by one lock; slow work (stopping VMs) runs outside it, in threads, after the HTTP answer
 that asked for it was sent: a VM that deletes its own node gets its answer before it is killed.
@@ -13,26 +26,27 @@ that asked for it was sent: a VM that deletes its own node gets its answer befor
 
 from __future__ import annotations
 
-import copy
 import itertools
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from runner import catalog
-from runner.emulator import codec, validate
+from runner.emulator import codec, errors, validate
 from runner.emulator.errors import ApiError, already_exists, invalid, not_found
-from runner.emulator.faults import Faults
-from runner.emulator.resources import Node, Operation, QueuedResource, region_of, stockout_message
-from runner.emulator.scheduler import Scheduler
+from runner.emulator.faults import OTHER_RUN_LABELS, Faults
+from runner.emulator.queued import QueuedResources
+from runner.emulator.resources import Node, Operation, QueuedResource, region_of
+from runner.emulator.scheduler import Agenda, Scheduler
 from runner.emulator.vm import VmGroup, VmLauncher
 
 _R = TypeVar("_R")
 _Zoned = TypeVar("_Zoned", Node, QueuedResource)
 
 After = Callable[[], None]
+QueueStyle = Literal["waiting", "accepted"]
 
 
 class Cloud:
@@ -45,37 +59,42 @@ class Cloud:
         create_delay_s: float,
         delete_delay_s: float,
         vm_grace_s: float,
+        queue_style: QueueStyle = "waiting",
     ) -> None:
         self.faults = faults
         self.launcher = launcher
-        self.scheduler = scheduler
         self.create_delay_s = create_delay_s
         self.delete_delay_s = delete_delay_s
         self.vm_grace_s = vm_grace_s
-        self.queue_step_s = max(0.02, create_delay_s / 5)
         self.lock = threading.RLock()
+        self.agenda = Agenda(scheduler, self.lock)
         self.nodes: dict[str, Node] = {}
         self.operations: dict[str, Operation] = {}
-        self.queued: dict[str, QueuedResource] = {}
+        self.queued = QueuedResources(self, queue_style, step_s=max(0.02, create_delay_s / 5))
         self.closing = threading.Event()
         self._threads: list[threading.Thread] = []
         self._op_seq = itertools.count(1)
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
-    def _new_op(self, project: str, zone: str, verb: str, target: str, response_type: str) -> Operation:
+    def settle(self) -> None:
+        """Bring the state up to now: what every read does first (the lock must be held)."""
+        if not self.closing.is_set():
+            self.agenda.settle()
+
+    def new_op(self, project: str, zone: str, verb: str, target: str, response_type: str) -> Operation:
         suffix = f"operation-{int(time.time() * 1000)}-{next(self._op_seq):04d}-{uuid.uuid4().hex[:12]}"
-        op = Operation(f"projects/{project}/locations/{zone}/operations/{suffix}", verb, target, response_type)
+        name = f"projects/{project}/locations/{zone}/operations/{suffix}"
+        op = Operation(name, verb, target, response_type, created=self.agenda.wall())
         self.operations[op.name] = op
         return op
 
-    @staticmethod
-    def _finish_op(
-        op: Operation, *, error: dict[str, Any] | None = None, response: dict[str, Any] | None = None
+    def finish_op(
+        self, op: Operation, *, error: dict[str, Any] | None = None, response: dict[str, Any] | None = None
     ) -> None:
         if op.done:
             return
-        op.done, op.ended, op.error, op.response = True, time.time(), error, response
+        op.done, op.ended, op.error, op.response = True, self.agenda.wall(), error, response
 
     def spawn(self, fn: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=fn, args=args, daemon=True)
@@ -89,7 +108,19 @@ class Cloud:
         for thread in list(self._threads):
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    # -- nodes --------------------------------------------------------------------------------------------------
+    def _get(self, table: dict[str, _R], name: str) -> _R:
+        with self.lock:
+            found = table.get(name)
+            if found is None:
+                raise not_found(name)
+            return found
+
+    def in_zone(self, table: dict[str, _Zoned], project: str, zone: str) -> list[_Zoned]:
+        """What the table holds in project/zone; zone "-" is every zone, as in the real API."""
+        with self.lock:
+            return [r for r in table.values() if (r.project, r.zone) == (project, zone) or zone == "-"]
+
+    # -- creating nodes -----------------------------------------------------------------------------------------
 
     def create_node(self, project: str, zone: str, node_id: str | None, spec: dict[str, Any]) -> Operation:
         problems = validate.check_id(node_id, "node_id", "node")
@@ -99,19 +130,32 @@ class Cloud:
             raise invalid(problems)
         with self.lock:
             name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+            if name not in self.nodes:
+                collision = self.faults.take("collision", zone=zone, node=node_id)
+                if collision is not None:
+                    # Someone else got the name first: their node, labelled as their run, running nothing of ours.
+                    # Not the request's labels: another run's node carries nothing that is unique to this request.
+                    labels = dict(collision.labels or OTHER_RUN_LABELS)
+                    other = {"acceleratorType": accel.name, "runtimeVersion": spec["runtimeVersion"], "labels": labels}
+                    self.insert_node(project, zone, node_id, other)
+                    raise already_exists(name, collision.message)
             if name in self.nodes:
                 raise already_exists(name)
-            scheduling = spec.get("schedulingConfig") or {}
-            quota = self.faults.take("quota", zone=zone)
+            failure = None
+            quota = self.faults.take("quota", zone=zone, node=node_id)
             if quota is not None:
+                scheduling = spec.get("schedulingConfig") or {}
                 preemptible = bool(scheduling.get("spot") or scheduling.get("preemptible"))
                 quota_name = quota.quota or validate.quota_name(accel, preemptible=preemptible)
-                where = f"Limit: {quota.limit} in region {region_of(zone)}"
-                message = quota.message or f"Quota limit '{quota_name}' has been exceeded. {where}."
-                raise ApiError("RESOURCE_EXHAUSTED", message)
-            return self._start_node(project, zone, node_id, spec, accel, queued_resource=None)
+                error = errors.quota_exceeded(
+                    project, region_of(zone), quota_name, quota.limit, message=quota.message, reason=quota.reason
+                )
+                if not quota.in_operation:
+                    raise error
+                failure = error.rpc_status()
+            return self.start_node(project, zone, node_id, spec, accel, queued_resource=None, failure=failure)
 
-    def _start_node(
+    def start_node(
         self,
         project: str,
         zone: str,
@@ -121,101 +165,174 @@ class Cloud:
         *,
         queued_resource: str | None,
         multislice: bool = False,
+        failure: dict[str, Any] | None = None,
     ) -> Operation:
         node = Node(project, zone, node_id, spec, accel, queued_resource=queued_resource, multislice=multislice)
-        op = self._new_op(project, zone, "create", node.name, codec.NODE_TYPE)
+        node.created = self.agenda.wall()
+        op = self.new_op(project, zone, "create", node.name, codec.NODE_TYPE)
         self.nodes[node.name] = node
-        slow = self.faults.take("slow_create", zone=zone)
-        # A queued resource waits out a stockout before it creates its nodes.
-        stockout = None if queued_resource else self.faults.take("stockout", zone=zone)
-        delay = slow.seconds if slow is not None else self.create_delay_s
-        message = (stockout.message or stockout_message(zone)) if stockout is not None else None
-        self.scheduler.after(delay, lambda: self._finish_create(node, op, message))
+        slow = self.faults.take("slow_create", zone=zone, node=node_id)
+        # A queued resource waits out a stockout before it creates its nodes: they never meet one.
+        stockout = None if queued_resource or failure else self.faults.take("stockout", zone=zone, node=node_id)
+        if stockout is not None:
+            failure = errors.stockout(zone, accel.name, message=stockout.message, reason=stockout.reason).rpc_status()
+        hang = failure is None and self.faults.take("boot_hang", zone=zone, node=node_id) is not None
+        delay = slow.seconds if slow is not None and slow.seconds is not None else self.create_delay_s
+        self.agenda.at(delay, lambda: self._finish_create(node, op, failure, hang), wake=True)
         return op
 
-    def _finish_create(self, node: Node, op: Operation, stockout: str | None) -> None:
+    def _finish_create(self, node: Node, op: Operation, failure: dict[str, Any] | None, hang: bool) -> None:
+        if op.done:
+            return
+        if self.nodes.get(node.name) is not node or node.state != "CREATING":
+            aborted = ApiError("ABORTED", f"The node {node.name} was deleted while it was being created.")
+            self.finish_op(op, error=aborted.rpc_status())
+            return
+        if failure is not None:
+            del self.nodes[node.name]
+            self.finish_op(op, error=failure)
+            return
+        node.state, node.health = "READY", "HEALTHY"
+        self.finish_op(op, response={"@type": codec.NODE_TYPE, **node.to_json()})
+        self._boot(node, hang=hang)
+        self.queued.node_ready(node)
+
+    def _boot(self, node: Node, *, hang: bool = False) -> None:
+        script = (node.spec.get("metadata") or {}).get("startup-script")
+        try:
+            if hang:
+                node.hung = True
+                self.launcher.hang(node.project, node.zone, node.node_id, node.accel.hosts, script is not None)
+            else:
+                node.vms = self.launcher.boot(node.project, node.zone, node.node_id, node.accel.hosts, script)
+        except OSError as exc:
+            print(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}", flush=True)
+
+    def insert_node(self, project: str, zone: str, node_id: str, spec: dict[str, Any]) -> Node:
+        """A READY node that is simply there (no operation): someone else's, or one made before the test began.
+        It runs its startup-script, if it has one, like any READY node."""
+        problems = validate.check_id(node_id, "node_id", "node")
+        accel, more = validate.validate_node(spec, zone)
+        problems += more
+        if problems or accel is None:
+            raise invalid(problems)
         with self.lock:
-            if op.done or self.closing.is_set():
-                return
-            if self.nodes.get(node.name) is not node or node.state != "CREATING":
-                aborted = ApiError("ABORTED", f"The node {node.name} was deleted while it was being created.")
-                self._finish_op(op, error=aborted.rpc_status())
-                return
-            if stockout is not None:
-                del self.nodes[node.name]
-                self._finish_op(op, error=ApiError("RESOURCE_EXHAUSTED", stockout).rpc_status())
-                return
-            node.state, node.health = "READY", "HEALTHY"
-            self._finish_op(op, response={"@type": codec.NODE_TYPE, **node.to_json()})
-            try:
-                node.vms = self.launcher.boot(
-                    node.project,
-                    node.zone,
-                    node.node_id,
-                    node.accel.hosts,
-                    (node.spec.get("metadata") or {}).get("startup-script"),
-                )
-            except OSError as exc:
-                print(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}", flush=True)
-            self._queued_node_ready(node)
+            node = Node(project, zone, node_id, spec, accel, state="READY", health="HEALTHY")
+            if node.name in self.nodes:
+                raise already_exists(node.name)
+            node.created = self.agenda.wall()
+            self.nodes[node.name] = node
+            self._boot(node)
+            return node
+
+    # -- reading nodes ------------------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> Node:
         return self._get(self.nodes, name)
 
     def list_nodes(self, project: str, zone: str) -> list[Node]:
-        return self._in_zone(self.nodes, project, zone)
+        return self.in_zone(self.nodes, project, zone)
 
-    def _get(self, table: dict[str, _R], name: str) -> _R:
-        with self.lock:
-            found = table.get(name)
-            if found is None:
-                raise not_found(name)
-            return found
-
-    def _in_zone(self, table: dict[str, _Zoned], project: str, zone: str) -> list[_Zoned]:
-        """What the table holds in project/zone; zone "-" is every zone, as in the real API."""
-        with self.lock:
-            return [r for r in table.values() if (r.project, r.zone) == (project, zone) or zone == "-"]
+    # -- deleting nodes -----------------------------------------------------------------------------------------
 
     def delete_node(self, name: str) -> tuple[Operation, After | None]:
         with self.lock:
-            node = self.get_node(name)
-            return self._delete_node(node)
+            return self.delete_node_now(self.get_node(name), faults=True)
 
-    def _delete_node(self, node: Node) -> tuple[Operation, After | None]:
-        op = self._new_op(node.project, node.zone, "delete", node.name, codec.EMPTY_TYPE)
-        node.delete_ops.append(op)
+    def delete_node_now(self, node: Node, *, faults: bool, initiator: str = "USER") -> tuple[Operation, After | None]:
+        """Start deleting `node`; returns the operation and what to do once the answer is sent (stop the VMs).
+        `faults`: whether delete faults may apply (not to deletions a queued resource makes)."""
+        op = self.new_op(node.project, node.zone, "delete", node.name, codec.EMPTY_TYPE)
         if node.state == "DELETING":
+            node.delete_ops.append(op)  # the deletion in progress decides for this operation too
             return op, None
+        fail = slow = None
+        if faults:
+            # A create in flight always yields to a deletion: only a node that exists can refuse to go.
+            if node.state != "CREATING":
+                fail = self.faults.take("delete_fails", zone=node.zone, node=node.node_id)
+            slow = self.faults.take("slow_delete", zone=node.zone, node=node.node_id)
+        delay = next((f.seconds for f in (slow, fail) if f is not None and f.seconds is not None), self.delete_delay_s)
+        node.restore = (node.state, node.health)
         node.state, node.health = "DELETING", None
+        node.delete_ops = [op]
+        if fail is not None:
+            status = fail.status if fail.status is not None else "INTERNAL"
+            error = errors.delete_failed(node.name, status, message=fail.message, reason=fail.reason)
+            node.delete_error = error.rpc_status()
+            self.agenda.at(delay, lambda: self._fail_delete(node))
+            return op, None  # the VMs keep running: this deletion will not happen
+        node.delete_error = None
         group, node.vms = node.vms, None
-        self._queued_node_leaving(node, "USER")
-        started = time.monotonic()
-        return op, lambda: self.spawn(self._run_delete, node, group, started)
+        node.vms_stopped, node.gone_when_stopped = group is None, False
+        self.queued.node_leaving(node, initiator)
+        self.agenda.at(delay, lambda: self._finish_delete(node))
+        if group is None:
+            return op, None
 
-    def _run_delete(self, node: Node, group: VmGroup | None, started: float) -> None:
-        # The VMs shut down a moment into the deletion, as on Cloud TPU: a VM that asked for it has read the answer.
-        self.closing.wait(min(1.0, self.delete_delay_s / 2))
-        if group is not None:
-            group.stop(self.vm_grace_s)
-        self.closing.wait(max(0.0, self.delete_delay_s - (time.monotonic() - started)))
+        def stop_vms_soon() -> None:
+            # The VMs shut down a moment into the deletion, as on Cloud TPU: a VM that asked for it has its answer.
+            with self.lock:
+                self.agenda.at(min(1.0, delay / 2), lambda: self.spawn(self._stop_vms, node, group), wake=True)
+
+        return op, stop_vms_soon
+
+    def _stop_vms(self, node: Node, group: VmGroup) -> None:
+        group.stop(self.vm_grace_s)
         with self.lock:
-            if self.nodes.get(node.name) is node:
-                del self.nodes[node.name]
-            for op in node.delete_ops:
-                self._finish_op(op, response={"@type": codec.EMPTY_TYPE})
-            self._queued_node_gone(node)
+            node.vms_stopped = True
+            if node.gone_when_stopped:  # its time has come already: it is gone from now on
+                self.agenda.at(0.0, lambda: self._finish_delete(node))
+
+    def _finish_delete(self, node: Node) -> None:
+        if self.nodes.get(node.name) is not node:
+            return
+        if not node.vms_stopped:
+            # The operation is done only once nothing of the VMs is left (a VM may ignore SIGTERM for the grace).
+            node.gone_when_stopped = True
+            return
+        del self.nodes[node.name]
+        for op in node.delete_ops:
+            self.finish_op(op, response={"@type": codec.EMPTY_TYPE})
+        self.queued.node_gone(node)
+
+    def _fail_delete(self, node: Node) -> None:
+        if self.nodes.get(node.name) is not node or node.state != "DELETING":
+            return
+        node.state, node.health = node.restore
+        for op in node.delete_ops:
+            self.finish_op(op, error=node.delete_error)
+        node.delete_ops, node.delete_error = [], None
+        qr = self.queued.items.get(node.queued_resource or "")
+        if qr is not None and qr.state == "DELETING":  # a forced queued-resource deletion joined it: try again
+            _, after = self.delete_node_now(node, faults=False)
+            if after is not None:
+                after()
 
     def preempt(self, name: str) -> VmGroup | None:
-        """READY -> PREEMPTED; returns the node's VMs, which the caller stops."""
+        """READY -> PREEMPTED; returns the node's VMs, which the caller stops. A queued resource's nodes are then
+        all deleted by the service, and it goes SUSPENDED (cloud.google.com/tpu/docs/queued-resources: SUSPENDING,
+        "the resources associated with the request are currently being deleted"; its slices restart together)."""
         with self.lock:
             node = self.get_node(name)
             if node.state != "READY":
                 raise ApiError("FAILED_PRECONDITION", f"{name} is {node.state}: only a READY node can be preempted")
             node.state, node.health = "PREEMPTED", None
             group, node.vms = node.vms, None
-            self._queued_node_leaving(node, "SERVICE")
+            self.queued.node_leaving(node, "SERVICE")
+            if node.queued_resource:
+                qr_name = node.queued_resource
+                self.agenda.at(self.delete_delay_s, lambda: self._service_delete(qr_name), wake=True)
             return group
+
+    def _service_delete(self, qr_name: str) -> None:
+        qr = self.queued.items.get(qr_name)
+        for name in qr.node_names if qr is not None else []:
+            node = self.nodes.get(name)
+            if node is not None and node.state != "DELETING":
+                _, stop_vms = self.delete_node_now(node, faults=False, initiator="SERVICE")
+                if stop_vms is not None:
+                    stop_vms()  # no answer to wait for: the service deletes them
 
     # -- operations ---------------------------------------------------------------------------------------------
 
@@ -232,154 +349,14 @@ class Cloud:
             if self.operations.pop(name, None) is None:
                 raise not_found(name)
 
-    # -- queued resources ---------------------------------------------------------------------------------------
-
-    def create_queued_resource(self, project: str, zone: str, qr_id: str | None, spec: dict[str, Any]) -> Operation:
-        problems = validate.check_id(qr_id, "queued_resource_id", "queued resource")
-        parent = f"projects/{project}/locations/{zone}"
-        node_specs = (spec.get("tpu") or {}).get("nodeSpec") or []
-        if not node_specs:
-            problems.append(("queued_resource.tpu.node_spec", "tpu.nodeSpec is required: the node(s) to create."))
-        planned: list[tuple[str, dict[str, Any], bool, catalog.AcceleratorType]] = []
-        for i, node_spec in enumerate(node_specs):
-            where = f"queued_resource.tpu.node_spec[{i}]"
-            if node_spec.get("parent") != parent:
-                problems.append(
-                    (f"{where}.parent", f"nodeSpec parent must be {parent}; got {node_spec.get('parent')!r}.")
-                )
-            node = copy.deepcopy(node_spec.get("node") or {})
-            if "spot" in spec:
-                node.setdefault("schedulingConfig", {})["spot"] = True
-            accel, more = validate.validate_node(node, zone, f"{where}.node")
-            problems += more
-            multi = node_spec.get("multisliceParams")
-            if multi is not None:
-                count = int(multi.get("nodeCount", 0))
-                if count < 2:
-                    problems.append((f"{where}.multislice_params.node_count", "nodeCount must be greater than 1."))
-                ids = [f"{multi.get('nodeIdPrefix') or qr_id}-{k}" for k in range(count)]
-            else:
-                problems += validate.check_id(node_spec.get("nodeId"), f"{where}.node_id", "node")
-                ids = [node_spec.get("nodeId") or ""]
-            if accel is not None:
-                planned += [(node_id, node, multi is not None, accel) for node_id in ids]
-        if problems or qr_id is None:
-            raise invalid(problems)
-        with self.lock:
-            qr = QueuedResource(project, zone, qr_id, spec, [(n, s, m) for n, s, m, _ in planned])
-            if qr.name in self.queued:
-                raise already_exists(qr.name)
-            for node_id, *_ in planned:
-                if f"{parent}/nodes/{node_id}" in self.nodes:
-                    raise already_exists(f"{parent}/nodes/{node_id}")
-            self.queued[qr.name] = qr
-            op = self._new_op(project, zone, "create", qr.name, codec.QUEUED_RESOURCE_TYPE)
-            accels = {node_id: accel for node_id, _, _, accel in planned}
-            self.scheduler.after(self.queue_step_s, lambda: self._queued_accept(qr, op, accels))
-            return op
-
-    def _queued_accept(self, qr: QueuedResource, op: Operation, accels: dict[str, catalog.AcceleratorType]) -> None:
-        with self.lock:
-            accepted = self.queued.get(qr.name) is qr and qr.state == "CREATING"
-            if accepted:
-                qr.state = "ACCEPTED"  # before the operation's response is rendered from it
-            self._finish_op(op, response={"@type": codec.QUEUED_RESOURCE_TYPE, **qr.to_json()})
-            if accepted:
-                self.scheduler.after(self.queue_step_s, lambda: self._queued_try(qr, accels))
-
-    def _queued_try(self, qr: QueuedResource, accels: dict[str, catalog.AcceleratorType]) -> None:
-        with self.lock:
-            if self.queued.get(qr.name) is not qr or qr.state not in ("ACCEPTED", "WAITING_FOR_RESOURCES"):
-                return
-            not_before, not_after = qr.window()
-            now = time.time()
-            if not_after is not None and now > not_after:
-                qr.state, qr.initiator = "FAILED", "SERVICE"
-                qr.error = ApiError(
-                    "RESOURCE_EXHAUSTED",
-                    f"The queued resource {qr.name} could not be provisioned before its valid-until time.",
-                ).rpc_status()
-                return
-            retry = self.queue_step_s * 2
-            if (not_before is not None and now < not_before) or self.faults.take("stockout", zone=qr.zone):
-                qr.state = "WAITING_FOR_RESOURCES"
-                self.scheduler.after(retry, lambda: self._queued_try(qr, accels))
-                return
-            parent = f"projects/{qr.project}/locations/{qr.zone}"
-            if any(f"{parent}/nodes/{node_id}" in self.nodes for node_id, _, _ in qr.planned):
-                qr.state, qr.initiator = "FAILED", "SERVICE"
-                qr.error = ApiError("ALREADY_EXISTS", "A node the queued resource would create exists.").rpc_status()
-                return
-            qr.state = "PROVISIONING"
-            for node_id, spec, multislice in qr.planned:
-                self._start_node(
-                    qr.project, qr.zone, node_id, spec, accels[node_id], queued_resource=qr.name, multislice=multislice
-                )
-                qr.node_names.append(f"{parent}/nodes/{node_id}")
-
-    def _queued_node_ready(self, node: Node) -> None:
-        qr = self.queued.get(node.queued_resource or "")
-        if qr is None or qr.state != "PROVISIONING":
-            return
-        if all(self.nodes.get(n) is not None and self.nodes[n].state == "READY" for n in qr.node_names):
-            qr.state = "ACTIVE"
-
-    def _queued_node_leaving(self, node: Node, initiator: str) -> None:
-        qr = self.queued.get(node.queued_resource or "")
-        if qr is not None and qr.state in ("PROVISIONING", "ACTIVE"):
-            qr.state, qr.initiator = "SUSPENDING", initiator
-
-    def _queued_node_gone(self, node: Node) -> None:
-        qr = self.queued.get(node.queued_resource or "")
-        if qr is None or any(n in self.nodes for n in qr.node_names):
-            return
-        if qr.state == "DELETING":
-            self._queued_finish_delete(qr)
-        elif qr.state in ("SUSPENDING", "PROVISIONING", "ACTIVE"):
-            qr.state = "SUSPENDED"
-            qr.initiator = qr.initiator or "USER"
-
-    def _queued_finish_delete(self, qr: QueuedResource) -> None:
-        with self.lock:
-            if self.queued.get(qr.name) is qr:
-                del self.queued[qr.name]
-            for op in qr.delete_ops:
-                self._finish_op(op, response={"@type": codec.EMPTY_TYPE})
-
-    def get_queued_resource(self, name: str) -> QueuedResource:
-        return self._get(self.queued, name)
-
-    def list_queued_resources(self, project: str, zone: str) -> list[QueuedResource]:
-        return self._in_zone(self.queued, project, zone)
-
-    def delete_queued_resource(self, name: str, *, force: bool) -> tuple[Operation, After | None]:
-        with self.lock:
-            qr = self.get_queued_resource(name)
-            existing = [self.nodes[n] for n in qr.node_names if n in self.nodes]
-            if existing and not force:
-                raise ApiError(
-                    "FAILED_PRECONDITION",
-                    f"Queued resource '{name}' is {qr.state} and still has node(s) "
-                    f"{', '.join(n.node_id for n in existing)}: delete them first, or delete the queued resource "
-                    "with force=true (gcloud: --force).",
-                )
-            op = self._new_op(qr.project, qr.zone, "delete", name, codec.EMPTY_TYPE)
-            qr.delete_ops.append(op)
-            if qr.state == "DELETING":
-                return op, None
-            qr.state = "DELETING"
-            afters = [after for n in existing if n.state != "DELETING" for _, after in [self._delete_node(n)] if after]
-            if not existing:
-                self.scheduler.after(self.delete_delay_s, lambda: self._queued_finish_delete(qr))
-            return op, (lambda: [after() for after in afters]) if afters else None
-
     # -- all of it ----------------------------------------------------------------------------------------------
 
     def forget_all(self) -> None:
-        """Forget every resource; the VMs are the launcher's to stop."""
+        """Forget every resource and pending transition; the VMs are the launcher's to stop."""
         with self.lock:
+            self.agenda.clear()
             for node in self.nodes.values():
                 node.vms = None
             self.nodes.clear()
             self.operations.clear()
-            self.queued.clear()
+            self.queued.items.clear()

@@ -224,6 +224,26 @@ class VmLauncher:
             self._groups.append(group)
         return group
 
+    def hang(self, project: str, zone: str, node_id: str, hosts: int, has_script: bool) -> None:
+        """Boot the workers' disks but run nothing (the boot_hang fault): a READY, HEALTHY node whose startup-script
+        never starts. Only the console says so, as a serial console is all one can read on such a VM."""
+        name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+        for worker in range(hosts):
+            directory = self.vm_dir(project, zone, node_id, worker)
+            shutil.rmtree(directory, ignore_errors=True)
+            for sub in ("home", "tmp"):
+                (directory / sub).mkdir(parents=True, exist_ok=True)
+            what = "the startup-script never started" if has_script else "no startup-script"
+            (directory / "console.log").write_text(
+                f"[tpu-emulator] {name} worker {worker} of {hosts}: booted; {what} "
+                "(boot_hang fault: google-startup-scripts.service did not run)\n"
+            )
+
+    def console_logs(self, project: str, zone: str, node_id: str, hosts: int) -> tuple[Path, ...]:
+        """The console logs the workers of a node have written so far."""
+        logs = (self.vm_dir(project, zone, node_id, w) / "console.log" for w in range(hosts))
+        return tuple(log for log in logs if log.exists())
+
     def stop_all(self, grace_s: float) -> None:
         """Stop every VM ever booted (in parallel), then kill anything still carrying this emulator's marker."""
         with self._lock:
