@@ -41,7 +41,7 @@ test-fast: data  ## the tests without the slow end-to-end ones
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 faults: data  ## fault-injection suite on the TPU + Cloud Storage emulators; prints one table (FAULTS_ARGS=--only NAME)
-	$(PY) scripts/faults.py $(FAULTS_ARGS)
+	$(PY) -m faults $(FAULTS_ARGS)
 
 bench: data  ## the 'GPU vs TPU' notebook's benchmark on this machine: table + plot in runs/bench-* (BENCH_ARGS=--quick)
 	$(RUNNER) bench $(BENCH_ARGS)
@@ -53,8 +53,8 @@ cli-bench: $(STAMP)  ## cold start of `runner --help` and `runner validate` next
 	$(PY) scripts/bench_cli.py
 
 lint: $(STAMP) lint-docker  ## ruff, hadolint, shellcheck
-	$(VENV)/bin/ruff check runner tests infra docker scripts
-	$(VENV)/bin/ruff format --check runner tests infra docker scripts
+	$(VENV)/bin/ruff check runner tests faults infra docker scripts
+	$(VENV)/bin/ruff format --check runner tests faults infra docker scripts
 
 schema: $(STAMP)  ## write runner.schema.json (editor completion for job files)
 	$(RUNNER) schema > runner.schema.json

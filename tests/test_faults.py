@@ -1,53 +1,49 @@
-"""The fault-injection suite (scripts/faults.py): its measurements on hand-made inputs, the flaky Cloud Storage
-proxy, and the quick cases end to end through the real `runner submit` on the two emulators."""
+"""The fault-injection suite (the `faults` package): its measurements on hand-made inputs, the table, the flaky
+Cloud Storage proxy, and the quick cases end to end through the real `runner submit` on the two emulators."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from faults import measure, table
+from faults.__main__ import main as faults_main
+from faults.measure import Attempt, Observed, Request, StepsLost
+from faults.result import RunResult
+from faults.scenarios import CASES, case_named
+from faults.suite import Suite
 from runner.emulator.flaky_proxy import FlakyProxy, upload_object_name
 from runner.specfile import load_spec
 from runner.storage import open_storage
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _load_faults():  # type: ignore[no-untyped-def]
-    name = "runner_faults_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "faults.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-faults = _load_faults()
-
+# Three attempts, as the trainer logs them: the first stopped mid-epoch 3 (an exact checkpoint); the second, given a
+# torn newest checkpoint, skipped it and resumed from the epoch-2 one, then was killed without a word; the third
+# found latest.json unreadable and resumed from the newest file by scanning.
 LOG = """\
 [trainer] strategy: DefaultStrategy on CPU, 1 replica
-[trainer] data: gs://b/mnist.npz: 2048 train
+[trainer] data: gs://b/mnist.npz: 2048 train, 256 test; global batch 128 = 128 per replica x 1; 16 steps/epoch
 Epoch 1/5 16/16 - 1.8s - loss: 1.0 - 1107 ex/s
 Epoch 2/5 8/16 [==============>...............] loss: 0.4 - 900 ex/s
 Epoch 2/5 16/16 - 0.2s - loss: 0.3 - 8593 ex/s
 Epoch 3/5 5/16 [====>.........................] loss: 0.3 - 900 ex/s
-[trainer] SIGTERM: stopping after this step
+[trainer] SIGTERM: saving a checkpoint at the next step end
+[trainer] SIGTERM: saved ckpt-000002-s000005.keras at epoch 3 step 5 of 16 (global step 37)
+[trainer] stopped before the end; the newest checkpoint is kept for a resume
+[trainer] skipping ckpt-000002-s000005.keras: size mismatch (manifest 900 bytes, file 450 bytes)
 [trainer] strategy: DefaultStrategy on CPU, 1 replica
+[trainer] data: gs://b/mnist.npz: 2048 train, 256 test; global batch 128 = 128 per replica x 1; 16 steps/epoch
 [trainer] resumed from ckpt-000002.keras: epoch 2 done, optimizer step 32
 Epoch 3/5 16/16 - 0.2s - loss: 0.2 - 8267 ex/s
 Epoch 4/5 16/16 - 0.2s - loss: 0.2 - 8267 ex/s
+[trainer] checkpoints/latest.json is unreadable: not JSON (Expecting value); scanning checkpoints/ instead
 [trainer] strategy: DefaultStrategy on CPU, 1 replica
-[trainer] resumed from ckpt-000003.keras: epoch 3 done, optimizer step 48
-Epoch 4/5 16/16 - 0.2s - loss: 0.2 - 8267 ex/s
-Epoch 5/5 16/16 - 0.2s - loss: 0.1 - 8267 ex/s
+[trainer] data: gs://b/mnist.npz: 2048 train, 256 test; global batch 128 = 128 per replica x 1; 16 steps/epoch
+[trainer] resumed from ckpt-000004-s000003.keras: epoch 5 step 3 of 16 (global step 67)
+Epoch 5/5 16/16 - 0.2s - loss: 0.1 - 8267 ex/s - resumed at step 3
 [trainer] done: test accuracy 0.9492
 """
 
@@ -55,38 +51,62 @@ Epoch 5/5 16/16 - 0.2s - loss: 0.1 - 8267 ex/s
 # -- measurements ------------------------------------------------------------------------------------------------
 
 
-def test_attempts_are_split_where_the_trainer_starts_and_epoch_ends_counted() -> None:
-    attempts = faults.parse_attempts(LOG)
+def test_attempts_are_split_where_the_trainer_starts_with_what_each_resumed_from() -> None:
+    attempts = measure.parse_attempts(LOG)
     assert attempts == [
-        faults.Attempt(None, (1, 2)),
-        faults.Attempt(2, (3, 4)),
-        faults.Attempt(3, (4, 5)),
+        Attempt(None, (1, 2), 0, 37, True, 16),
+        Attempt("ckpt-000002.keras", (3, 4), 32, None, False, 16,
+                (("ckpt-000002-s000005.keras", "size mismatch (manifest 900 bytes, file 450 bytes)"),)),
+        Attempt("ckpt-000004-s000003.keras", (5,), 67, None, False, 16, (), "unreadable"),
+    ]  # fmt: skip
+    assert [a.position for a in attempts] == [(0, 0), (2, 0), (4, 3)]
+    assert measure.epochs_redone(attempts) == 0
+    assert measure.partial_epochs(attempts, epochs=5) == 2
+    assert measure.parse_attempts("no trainer here\nEpoch 1/1 1/1 - 0.1s\n") == []
+    assert [measure.recovered_from(a) for a in attempts[1:]] == [
+        "ckpt-000002 (skipped ckpt-000002-s000005: size mismatch)",
+        "ckpt-000004-s000003 (latest.json unreadable: scanned)",
     ]
-    assert faults.epochs_redone(attempts) == 1  # epoch 4 twice: the third attempt resumed from 3, not 4
-    assert faults.partial_epochs(attempts, epochs=5) == 2
-    assert faults.parse_attempts("no trainer here\nEpoch 1/1 1/1 - 0.1s\n") == []
+    assert measure.recovered_from(Attempt()) == "scratch"
+
+
+def test_steps_lost_from_the_stop_lines_else_a_lower_bound_from_the_bucket() -> None:
+    attempts = measure.parse_attempts(LOG)
+    # 1 -> 2: stopped at global step 37, the next went on from 32 (the torn checkpoint's 5 steps again). 2 -> 3:
+    # killed without a word; the bucket showed step 70 at most, the next went on from 67: at least 3.
+    assert measure.steps_lost(attempts, [37, 70, None]) == [StepsLost(5, True), StepsLost(3, False)]
+    assert [str(s) for s in measure.steps_lost(attempts, [37, None])] == ["5", ">=0"]  # epoch 4 ended at 64 < 67
+    # A stop between two epochs' fits has no step line: the attempt stopped where its last epoch ended.
+    quiet = [Attempt(None, (1, 2), 0, None, True, 16), Attempt("ckpt-000002.keras", (3,), 32)]
+    assert measure.steps_lost(quiet, [40]) == [StepsLost(0, True)]
+    seen = [Observed(1.0, 10), Observed(4.0, 30), Observed(6.0, 35), Observed(9.0, 50)]
+    assert measure.reached_per_attempt(seen, [5.0]) == [30, 50]
 
 
 def test_a_checkpoint_in_the_bucket_that_the_restart_skipped_is_lost() -> None:
-    attempts = faults.parse_attempts(LOG)
-    # ckpt 4 reached the bucket (t=19) before the third attempt started (t=20), which resumed from 3: lost.
-    first_seen = {1: 3.0, 2: 5.0, 3: 14.0, 4: 19.0, 5: 30.0}
-    assert faults.checkpoints_lost(attempts, [10.0, 20.0], first_seen) == 1
-    # Had ckpt 4 arrived only after the restart, nothing was lost.
-    assert faults.checkpoints_lost(attempts, [10.0, 20.0], {**first_seen, 4: 25.0}) == 0
+    attempts = measure.parse_attempts(LOG)
+    # Positions as first seen in the bucket; restarts (worker_started) at t=10 and t=20.
+    first_seen = {(1, 0): 3.0, (2, 0): 5.0, (2, 5): 9.0, (3, 0): 14.0, (4, 0): 17.0, (4, 3): 19.0}
+    # Restart 1 resumed from (2, 0) though (2, 5) was there: lost. Restart 2 resumed from (4, 3): nothing newer.
+    assert measure.checkpoints_lost(attempts, [10.0, 20.0], first_seen) == 1
+    # ... unless the case tore (2, 5) itself: then the skip is right.
+    assert measure.checkpoints_lost(attempts, [10.0, 20.0], first_seen, destroyed={(2, 5)}) == 0
+    # Had (4, 3) arrived after the second restart, only the torn one counts.
+    assert measure.checkpoints_lost(attempts, [10.0, 20.0], {**first_seen, (4, 5): 25.0}, destroyed={(2, 5)}) == 0
     # At the end: the bucket's manifest must name the last epoch trained, and the file it names must be there.
-    assert faults.checkpoints_lost(attempts, [10.0, 20.0], {**first_seen, 4: 25.0}, final_epoch=4) == 1
-    assert faults.checkpoints_lost(attempts, [], {}, final_epoch=5, final_ok=False) == 1
+    assert measure.checkpoints_lost(attempts, [10.0, 20.0], {}, final_epoch=4) == 1
+    assert measure.checkpoints_lost(attempts, [], {}, final_epoch=5, final_ok=False) == 1
 
 
 def _req(t: float, method: str, path: str, status: int = 200, node_id: str | None = None, caller: str = "runner"):  # type: ignore[no-untyped-def]
-    return faults.Request(t, method, path, status, node_id, caller)
+    return Request(t, method, path, status, node_id, caller)
 
 
 NODES = "/v2/projects/p/locations/us-central1-b/nodes"
+NODE = "projects/p/locations/us-central1-b/nodes/run"
 
 
-def test_idle_runs_from_the_job_end_to_the_first_accepted_delete_of_that_node() -> None:
+def test_idle_runs_from_the_job_end_to_the_first_delete_of_that_node_that_went_through() -> None:
     requests = [
         _req(0.0, "POST", NODES, 429, "run"),  # refused: not a node
         _req(1.0, "POST", NODES, 200, "run"),
@@ -102,16 +122,17 @@ def test_idle_runs_from_the_job_end_to_the_first_accepted_delete_of_that_node() 
         {"time": 20.0, "event": "container_exited", "exit_code": 0},
         {"time": 35.0, "event": "image_pull_failed"},
     ]
-    idle = faults.idle_intervals(ends, requests, preemptions=[4.0])
+    idle = measure.idle_intervals(ends, requests, preemptions=[4.0])
     assert [(i.seconds, i.preempted, i.deleted_by) for i in idle] == [
         (1.5, True, "vm"),
         (2.0, False, "runner"),
         (None, False, None),
     ]
     assert idle[2].by == "image_pull_failed"
-    assert faults.node_lifetimes(requests) == [
-        (t, "projects/p/locations/us-central1-b/nodes/run") for t in (1.0, 10.0, 30.0)
-    ]
+    assert measure.node_lifetimes(requests) == [(t, NODE) for t in (1.0, 10.0, 30.0)]
+    # A delete whose operation failed (the node came back, billing) does not end the idle time; the next one does.
+    retried = [*requests[:5], _req(9.0, "DELETE", f"{NODES}/run", 200)]
+    assert measure.idle_intervals(ends[:1], retried, failed_deletes=[(6.6, NODE)])[0].seconds == 4.0
 
 
 def test_idle_from_the_run_directory_events_alone() -> None:
@@ -122,11 +143,14 @@ def test_idle_from_the_run_directory_events_alone() -> None:
         {"time": 9.0, "event": "container_exited"},
         {"time": 12.0, "event": "teardown_requested"},
     ]
-    assert faults.idle_from_events(events) == [0.5, 3.0]
+    assert measure.idle_from_events(events) == [0.5, 3.0]
 
 
-def _result(**kw):  # type: ignore[no-untyped-def]
-    base = dict(
+# -- the table ---------------------------------------------------------------------------------------------------
+
+
+def _result(**kw: Any) -> RunResult:
+    base: dict[str, Any] = dict(
         case="c",
         fault="a fault",
         expected="succeeded",
@@ -139,57 +163,58 @@ def _result(**kw):  # type: ignore[no-untyped-def]
         epochs_redone=None,
         partial_epochs=None,
     )
-    return faults.RunResult(**{**base, **kw})
+    return RunResult(**{**base, **kw})
 
 
 def test_the_table_folds_repeated_runs_of_a_case_into_one_row() -> None:
+    trained = dict(case="p", fault="preempt", checkpoints_lost=0, partial_epochs=2, recovered=["ckpt-000002"])
     results = [
-        _result(
-            case="p",
-            fault="preempt",
-            checkpoints_lost=0,
-            epochs_redone=0,
-            partial_epochs=2,
-            idle_s=[0.4],
-            idle_preempted_s=[1.2],
-            run_id="r1",
-        ),
-        _result(
-            case="p", fault="preempt", checkpoints_lost=0, epochs_redone=1, partial_epochs=2, idle_s=[0.3], run_id="r2"
-        ),
-        _result(
-            case="x", fault="crash", expected="failed", got="succeeded", as_expected=False, idle_s=[None], run_id="r3"
-        ),
-        _result(case="r", fault="refused", expected="rejected", got="rejected"),
-    ]
-    rows = faults.summarize(results)
+        _result(**trained, epochs_redone=0, idle_s=[0.4], idle_preempted_s=[1.2], run_id="r1",
+                steps_lost=[StepsLost(0, True), StepsLost(3, False)]),
+        _result(**trained, epochs_redone=1, idle_s=[0.3], run_id="r2", steps_lost=[StepsLost(0, True)]),
+        _result(case="x", fault="crash", expected="failed", got="succeeded", as_expected=False, idle_s=[None],
+                run_id="r3"),
+        _result(case="r", fault="refused", expected="rejected", got="rejected", others_nodes=1),
+    ]  # fmt: skip
+    rows = table.summarize(results)
     assert rows[0]["runs"] == "2" and rows[0]["as expected"] == "yes"
     assert rows[0]["epochs re-done"] == "1 (+4 partial)" and rows[0]["ckpts lost"] == "0"
+    assert rows[0]["steps lost"] == "0, >=3 | 0" and rows[0]["recovered from"] == "ckpt-000002"
     assert rows[0]["idle billable s"] == "max 1.2, 1.2 0.3"
     assert rows[1]["terminal state (expected)"] == "succeeded (failed)" and rows[1]["as expected"] == "NO (0/1)"
     assert rows[1]["idle billable s"] == "never (1 never deleted)" and rows[1]["ckpts lost"] == "-"
-    assert rows[2]["idle billable s"] == "-"
-    text = faults.render_table(rows)
+    assert rows[1]["steps lost"] == "-" and rows[1]["recovered from"] == "-"
+    assert rows[2]["idle billable s"] == "-" and rows[2]["nodes leaked"] == "0 (+1 not ours)"
+    text = table.render_table(rows)
     lines = text.splitlines()
     assert lines[0].startswith("fault") and set(lines[1]) <= {"-", " "}
     assert lines[0].index("runs") == lines[1].index(" ") + 2  # columns line up
     assert "NO (0/1)" in text
-    assert faults.longest_idle(results) == (1.2, "p (preempted VM), run r1")
-    report = faults.report(results)
-    assert "longest idle billable time: 1.2s" in report
+    assert table.longest_idle(results) == (1.2, "p (preempted VM), run r1")
+    assert "longest idle billable time: 1.2s" in table.report(results)
+    assert [r.ok for r in results] == [True, True, False, True]
 
 
 def test_every_case_is_a_valid_job_spec(tmp_path: Path) -> None:
-    names = [c.name for c in faults.CASES]
+    names = [c.name for c in CASES]
     assert len(names) == len(set(names))
-    for case in faults.CASES:
+    for case in CASES:
         path = tmp_path / f"{case.name}.yaml"
         path.write_text(case.spec_yaml("gs://runner-test/x", "gs://runner-test/data/mnist.npz"))
         spec = load_spec(path)
-        assert (spec.training is not None) == case.train, case.name
-    assert faults.case_named("503-burst").fast
+        assert (spec.training is not None) == case.trains, case.name
+    assert case_named("503-burst").fast and case_named("preempt-mid-epoch").reference
     with pytest.raises(KeyError):
-        faults.case_named("nope")
+        case_named("nope")
+
+
+def test_the_command_line_lists_the_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    assert faults_main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [c.name for c in CASES]
+    assert sum(line.endswith("(fast)") for line in listed) == sum(c.fast for c in CASES)
+    with pytest.raises(SystemExit):
+        faults_main(["--only", "nope"])
 
 
 # -- the flaky proxy ---------------------------------------------------------------------------------------------
@@ -235,30 +260,35 @@ def test_the_proxy_fails_the_next_matching_uploads_and_the_client_retries(
 # -- end to end: the quick cases ----------------------------------------------------------------------------------
 
 
+# Cases that are quick when they pass but that the runner does not pass yet (docs/faults.md, "Open findings").
 @pytest.fixture
 def suite(gcs_server: str, tmp_path: Path, mnist_npz: Path):  # type: ignore[no-untyped-def]
-    with faults.Suite(tmp_path / "faults", gcs_endpoint=gcs_server, bucket="runner-test", mnist=mnist_npz) as s:
+    with Suite(tmp_path / "faults", gcs_endpoint=gcs_server, bucket="runner-test", mnist=mnist_npz) as s:
         yield s
 
 
-@pytest.mark.parametrize("name", [c.name for c in faults.CASES if c.fast])
+@pytest.mark.parametrize(
+    "name",
+    [c.name for c in CASES if c.fast],
+)
 def test_quick_case_ends_as_expected_and_leaks_nothing(suite, name: str) -> None:  # type: ignore[no-untyped-def]
-    case = faults.case_named(name)
+    case = case_named(name)
     result = suite.run_case(case)
-    print(faults.report([result]))  # the idle billable time is reported, not asserted: this machine is shared
-    assert result.got == case.expect, result.problems
-    assert result.exit_code == case.expect_exit
+    print(table.report([result]))
+    # The idle billable time is reported, not asserted: this machine is shared. Everything else is.
+    problems = [p for p in result.problems if f"goal <= {table.IDLE_GOAL_S:.0f}s" not in p]
+    assert (result.got, result.exit_code, problems) == (case.expect or "rejected", case.exit, [])
     assert result.nodes_leaked == 0
-    assert result.idle_s and all(v is not None for v in result.idle_s), "a node was never deleted"
+    assert all(v is not None for v in result.idle_s), "a node was never deleted"
     assert json.loads((suite.workdir / f"{name}-1" / "result.json").read_text())["case"] == name
 
 
 @pytest.mark.slow
 def test_two_preemptions_lose_no_checkpoint_and_redo_no_epoch(suite) -> None:  # type: ignore[no-untyped-def]
-    case = faults.case_named("preemption-x2")
-    result = suite.run_case(case)
-    print(faults.report([result]))
+    result = suite.run_case(case_named("preemption-x2"))
+    print(table.report([result]))
     assert result.got == "succeeded", result.problems
     assert result.nodes_leaked == 0
     assert result.checkpoints_lost == 0
     assert result.epochs_redone == 0
+    assert result.steps_lost and all(s.steps == 0 for s in result.steps_lost)

@@ -1,0 +1,222 @@
+"""What cases do to a run: hooks for Scenario.setup (before submit), .during (a thread while the runner lives) and
+.after (once it has exited). Each returns a Hook, so a case reads as a sentence: during=(preempt_mid_epoch(),)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from faults.context import Ctx
+from faults.scenario import PROJECT, ZONES, Hook, Train
+from runner.train.checkpoints import Position
+
+# -- preemption -------------------------------------------------------------------------------------------------
+
+
+def preempt_at_checkpoints(*epochs: int) -> Hook:
+    """Preempt the node once the newest checkpoint in the bucket reaches each of `epochs` in turn (and, after a
+    preemption, only once the recreated VM has trained and checkpointed further)."""
+
+    def during(ctx: Ctx) -> None:
+        job = ctx.case.job
+        assert isinstance(job, Train)
+        floor = 0
+        for epoch in epochs:
+            target = max(epoch, floor + 1)
+
+            def ready(target: int = target) -> str | None:
+                at = ctx.manifest_epoch() or 0
+                return ctx.ready_node() if target <= at < job.epochs else None
+
+            node = ctx.wait_for(ready, timeout=ctx.case.timeout_s)
+            if node is None:
+                ctx.problem(f"never reached checkpoint epoch {target} on a READY node: no preemption")
+                return
+            at = ctx.manifest_epoch() or 0
+            ctx.preempt(node, at_checkpoint=at, bucket=sorted(ctx.checkpoints()))
+            floor = at
+            # The next preemption is for the next VM: wait until this node is gone.
+            ctx.wait_for(lambda: not any(n.state == "PREEMPTED" for n in ctx.own_nodes()), timeout=120)
+
+    return during
+
+
+def preempt_when_ready(ctx: Ctx) -> None:
+    """Preempt the node the moment it is READY, before the runner's next poll sees it (a spot VM can go any time)."""
+    node = ctx.wait_for(
+        lambda: next((n.node_id for n in ctx.emulator.nodes() if n.state == "READY"), None),
+        timeout=ctx.case.timeout_s,
+        interval=0.02,
+    )
+    if node is None:
+        ctx.problem("no node became READY: no preemption")
+        return
+    ctx.preempt(node, at_checkpoint=0, bucket=[])
+
+
+def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
+    """A READY node whose job's progress.json (in the bucket) is in the first half of an epoch, past its first step:
+    the bucket's copy is up to a sync interval (5 s) behind the trainer, which is then still inside that epoch."""
+    progress = ctx.read_json("progress.json")
+    if not isinstance(progress, dict):
+        return None
+    step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
+    if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
+        return None
+    node = ctx.ready_node()
+    return (node, progress) if node else None
+
+
+def preempt_mid_epoch(ctx: Ctx) -> None:
+    """Preempt once the bucket's progress.json shows the job in the middle of an epoch (0 < step < steps/epoch)."""
+    found = ctx.wait_for(lambda: _mid_epoch(ctx), timeout=ctx.case.timeout_s, interval=0.2)
+    if found is None:
+        ctx.problem("never saw progress.json in the middle of an epoch on a READY node: no preemption")
+        return
+    node, progress = found
+    ctx.preempt(node, at_checkpoint=ctx.manifest_epoch() or 0, bucket=sorted(ctx.checkpoints()), progress=progress)
+    ctx.note(
+        f"preempted at progress.json epoch {progress['epoch']} step {progress['step']}/{progress['steps_per_epoch']} "
+        f"(global step {progress['global_step']}; the bucket's copy is up to a sync interval behind)"
+    )
+
+
+def _training_with_checkpoints(ctx: Ctx, count: int) -> str | None:
+    """A READY node whose job, in an epoch before the last, has `count` checkpoints in the bucket."""
+    progress = ctx.read_json("progress.json")
+    if not isinstance(progress, dict) or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
+        return None
+    return ctx.ready_node() if len(ctx.checkpoints()) >= count else None
+
+
+def preempt_then_while_recreating(damage: Callable[[Ctx], None], *, min_checkpoints: int = 2) -> Hook:
+    """Preempt once the bucket holds `min_checkpoints` checkpoints (keep: 2, so one older than the newest survives
+    whatever the stop saves); make the recreated node's CREATING last 15 s, and `damage` the bucket in that window:
+    the old VM is gone (the runner deleted it before creating anew), the new one has not pulled anything yet."""
+
+    def during(ctx: Ctx) -> None:
+        node = ctx.wait_for(lambda: _training_with_checkpoints(ctx, min_checkpoints), timeout=ctx.case.timeout_s)
+        if node is None:
+            ctx.problem(f"never saw {min_checkpoints} checkpoints while the job trained: no preemption")
+            return
+        creates = ctx.accepted_creates()
+        ctx.emulator.slow_create(15, count=1)
+        ctx.preempt(node, at_checkpoint=ctx.manifest_epoch() or 0, bucket=sorted(ctx.checkpoints()))
+        creating = ctx.wait_for(
+            lambda: ctx.accepted_creates() > creates and any(n.state == "CREATING" for n in ctx.own_nodes()),
+            timeout=120,
+            interval=0.1,
+        )
+        if not creating:
+            ctx.problem("the preempted node was not recreated: nothing damaged")
+            return
+        damage(ctx)
+
+    return during
+
+
+def tear_newest_checkpoint(ctx: Ctx) -> None:
+    """Overwrite the bucket's newest checkpoint with its first half: a torn upload."""
+    found = ctx.checkpoints()
+    if len(found) < 2:
+        ctx.problem(f"only {len(found)} checkpoint(s) in the bucket: nothing older to resume from")
+        return
+    newest: Position = max(found)
+    store = ctx.storage()
+    assert store is not None
+    whole = store.read_bytes(found[newest]) or b""
+    store.write_bytes(found[newest], whole[: len(whole) // 2])
+    ctx.destroyed.add(newest)
+    ctx.numbers["torn"] = found[newest].rsplit("/", 1)[-1]
+    ctx.numbers["older"] = sorted(found)[-2]
+    ctx.note(f"tore {ctx.numbers['torn']} ({len(whole)} -> {len(whole) // 2} bytes) while the node was CREATING")
+
+
+def break_manifest(ctx: Ctx) -> None:
+    """Replace checkpoints/latest.json with bytes that are not JSON."""
+    store = ctx.storage()
+    assert store is not None
+    ctx.numbers["newest_before"] = max(ctx.checkpoints(), default=None)
+    store.write_bytes("checkpoints/latest.json", b'{"format": 2, "checkpoints": [{"file": "ckpt-0\x00\xff garbage')
+    ctx.note(f"replaced checkpoints/latest.json with garbage; newest checkpoint file {ctx.numbers['newest_before']}")
+
+
+# -- the runner's death -----------------------------------------------------------------------------------------
+
+
+def kill_runner_after(what: str, ready: Callable[[Ctx], bool]) -> Hook:
+    def during(ctx: Ctx) -> None:
+        if ctx.wait_for(lambda: ready(ctx) or None, timeout=ctx.case.timeout_s) is None:
+            ctx.problem(f"never saw {what}: the runner was not killed")
+            return
+        ctx.kill_runner(f"after {what}")
+
+    return during
+
+
+def job_running(ctx: Ctx) -> bool:
+    store = ctx.storage()
+    return store is not None and bool(store.read_bytes("heartbeat"))
+
+
+def first_checkpoint(ctx: Ctx) -> bool:
+    return bool(ctx.checkpoints())
+
+
+def node_creating(ctx: Ctx) -> bool:
+    return any(n.state == "CREATING" for n in ctx.own_nodes())
+
+
+def vm_finishes_alone(ctx: Ctx) -> None:
+    """After: the runner is dead; the VM must finish the job, record it and delete its own node."""
+
+    def finished() -> bool:
+        store = ctx.storage()
+        return bool(store and store.list("exit/")) and not ctx.own_nodes()
+
+    if ctx.wait_for(finished, timeout=ctx.case.timeout_s, interval=1.0) is None:
+        ctx.problem("the VM did not finish and delete its node on its own")
+
+
+def runner_down(ctx: Ctx) -> None:
+    """After: `runner down RUN` from another shell, as a user whose runner died would."""
+    if ctx.run_id is None:
+        ctx.problem("no run record: nothing to bring down")
+        return
+    states = sorted({n.state for n in ctx.own_nodes()})
+    t0 = time.time()
+    done = ctx.cli("down", ctx.run_id)
+    ctx.numbers["down_s"] = round(time.time() - t0, 2)
+    ctx.numbers["down_exit"] = done.returncode
+    ctx.note(f"`runner down` found the node {', '.join(states) or 'gone'}; exit {done.returncode} after "
+             f"{ctx.numbers['down_s']}s: {done.stdout.strip().splitlines()[-1:] or done.stderr.strip()}")  # fmt: skip
+    if done.returncode != 0:
+        ctx.problem(f"`runner down` exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+# -- runner gc ----------------------------------------------------------------------------------------------------
+
+ORPHAN_LABELS = {"managed-by": "tpu-runner", "tpu-runner-deadline": "1000000000"}  # a deadline long past
+
+
+def plant_orphans(count: int, zone: str = ZONES[0]) -> Hook:
+    """Setup: runner-labelled nodes of runs long over (past their deadline), as killed runners leave them."""
+
+    def setup(ctx: Ctx) -> None:
+        names = []
+        for i in range(count):
+            node = ctx.emulator.create_node_direct(
+                PROJECT, zone, f"orphan-{i}", labels={**ORPHAN_LABELS, "tpu-runner-run": f"old-run-{i}"}
+            )
+            names.append(node.node_id)
+        ctx.numbers["orphans"] = names
+
+    return setup
+
+
+def gc_with_one_denied_delete(ctx: Ctx, zone: str = ZONES[0]) -> None:
+    """After: the first node deletion is denied (403), then `runner gc` sweeps the zone."""
+    ctx.emulator.deny("tpu.nodes.delete", count=1)
+    swept = ctx.cli("gc", "--project", PROJECT, "--zone", zone)
+    ctx.numbers["gc_exit"] = swept.returncode
+    ctx.numbers["gc_output"] = (swept.stdout + swept.stderr).strip().splitlines()

@@ -1,0 +1,330 @@
+"""Each case's own expectations, checked on the measured result: a check appends problems (the run is then not as
+expected) and notes (what the table's notes say about the run). Factories take the case's numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from faults.context import Ctx
+from faults.measure import node_deletes, node_lifetimes
+from faults.result import RunResult
+from faults.scenario import Check, Train
+from runner import contract
+
+# Two runs of the same job, one of them resumed mid-epoch: how far their test accuracies may be apart. Same seed,
+# same batches in the same order, so only floating point (and a resumed optimizer state) can differ.
+ACCURACY_NOISE = 0.01
+
+
+def _runner_events(ctx: Ctx, name: str) -> list[dict[str, object]]:
+    return [e for e in ctx.events if str(e.get("source", "")).startswith("runner") and e.get("event") == name]
+
+
+# -- preemption -------------------------------------------------------------------------------------------------
+
+
+def preemptions(n: int) -> Check:
+    def check(ctx: Ctx, result: RunResult) -> None:
+        if len(ctx.preemptions) != n:
+            result.problems.append(f"{len(ctx.preemptions)} preemption(s) injected, {n} planned")
+        seen = _runner_events(ctx, "preempted")
+        if len(seen) != len(ctx.preemptions):
+            result.problems.append(f"the runner recorded {len(seen)} preemption(s), {len(ctx.preemptions)} happened")
+        if ctx.case.trains:
+            at = ", ".join(str(p["at_checkpoint"]) for p in ctx.preemptions)
+            done = "; ".join(",".join(map(str, a.completed)) or "-" for a in ctx.attempts)
+            result.notes.append(f"preempted with checkpoint epoch {at} in the bucket; epochs per attempt: {done}")
+
+    return check
+
+
+def boot_preemption(ctx: Ctx, result: RunResult) -> None:
+    """A node taken back while it boots is a preemption (retries.preemptions), not a stockout."""
+    preemptions(1)(ctx, result)
+    zones = [name.split("/")[3] for _, name in node_lifetimes(ctx.requests)]
+    result.notes.append(
+        f"the runner recorded {len(_runner_events(ctx, 'preempted'))} preemption(s); creates accepted in: "
+        f"{', '.join(zones) or 'none'}"
+    )
+
+
+def summary_steps(ctx: Ctx, result: RunResult) -> dict[str, object]:
+    """summary.json's step counts against epochs x steps/epoch; a problem for each that differs."""
+    job = ctx.case.job
+    assert isinstance(job, Train)
+    summary = ctx.read_json("summary.json") or {}
+    planned = job.epochs * int(summary.get("steps_per_epoch") or job.steps_per_epoch)
+    for key in ("global_step", "optimizer_iterations"):
+        if summary.get(key) != planned:
+            result.problems.append(
+                f"summary.json {key} {summary.get(key)}, expected {job.epochs} x steps/epoch = {planned}"
+            )
+    return summary
+
+
+def same_training_as_uninterrupted(ctx: Ctx, result: RunResult) -> None:
+    """The resumed run took exactly the optimizer steps of an uninterrupted one, resumed mid-epoch, lost no step,
+    and ends within noise of the uninterrupted run's accuracy (ctx.reference: the same job run first)."""
+    summary = summary_steps(ctx, result)
+    resumed = summary.get("resumed_from") or {}
+    if not isinstance(resumed, dict) or not resumed.get("step"):
+        result.problems.append(f"the resume was not mid-epoch: summary.json resumed_from {resumed}")
+    lost = [s for s in result.steps_lost or [] if s.steps or not s.exact]
+    if lost:
+        result.problems.append(f"steps trained twice (or unknown) after the preemption: {', '.join(map(str, lost))}")
+    ref = ctx.reference or {}
+    acc, ref_acc = summary.get("test_accuracy"), ref.get("test_accuracy")
+    ctx.numbers.update(
+        global_step=summary.get("global_step"),
+        reference_global_step=ref.get("global_step"),
+        accuracy=acc,
+        reference_accuracy=ref_acc,
+        steps_this_attempt=summary.get("steps_this_attempt"),
+    )
+    if ref.get("global_step") != summary.get("global_step"):
+        result.problems.append(f"global step {summary.get('global_step')}, uninterrupted {ref.get('global_step')}")
+    if not isinstance(acc, float) or not isinstance(ref_acc, float) or abs(acc - ref_acc) > ACCURACY_NOISE:
+        result.problems.append(f"test accuracy {acc} vs {ref_acc} uninterrupted (noise allowed {ACCURACY_NOISE})")
+    result.notes.append(
+        f"optimizer steps: {summary.get('global_step')} (uninterrupted {ref.get('global_step')}; the resumed attempt "
+        f"trained {summary.get('steps_this_attempt')} from {resumed.get('checkpoint')}); test accuracy {acc} "
+        f"(uninterrupted {ref_acc})"
+    )
+
+
+def resumed_past_torn_checkpoint(ctx: Ctx, result: RunResult) -> None:
+    """The resumed attempt skipped the torn checkpoint, said why, and went on from the older one."""
+    torn, older = ctx.numbers.get("torn"), ctx.numbers.get("older")
+    last = ctx.attempts[-1] if len(ctx.attempts) > 1 else None
+    if torn is None or last is None:
+        result.problems.append("no resume after a torn checkpoint")
+        return
+    if torn not in [name for name, _ in last.skipped]:
+        result.problems.append(f"the resumed trainer did not say it skipped {torn}; its resume: {result.recovered}")
+    if last.position != older:
+        result.problems.append(f"resumed from {last.resumed_from}, expected the older checkpoint at {older}")
+    summary_steps(ctx, result)
+
+
+def resumed_by_scan(ctx: Ctx, result: RunResult) -> None:
+    """With latest.json garbage, the resumed attempt said so, scanned, and went on from the newest file."""
+    last = ctx.attempts[-1] if len(ctx.attempts) > 1 else None
+    if last is None:
+        result.problems.append("no resume after the manifest was broken")
+        return
+    if last.scanned != "unreadable":
+        result.problems.append(f"the resumed trainer did not say latest.json is unreadable ({last.scanned})")
+    newest = ctx.numbers.get("newest_before")
+    if last.position != newest:
+        result.problems.append(f"resumed from {last.resumed_from}, the newest checkpoint file was {newest}")
+    summary_steps(ctx, result)
+
+
+# -- the runner's death -----------------------------------------------------------------------------------------
+
+
+def status_after_kill(ctx: Ctx, result: RunResult) -> None:
+    if ctx.killed_at is None:
+        result.problems.append("the runner was never killed")
+        return
+    ended = [e for e in ctx.exit_records if e.get("finished_at")]
+    what = ", ".join(
+        f"{e.get('state')} (exit {e.get('exit_code')}) {float(e['finished_at']) - ctx.killed_at:.0f}s after the kill"
+        for e in ended
+    )
+    result.notes.append(f"the VM alone recorded {what or 'nothing'}; `runner status` then says {result.got}")
+
+
+def deleted_while_creating(ctx: Ctx, result: RunResult) -> None:
+    """`runner down` deleted the node before it ever booted: no VM started, the delete was the runner's."""
+    if ctx.killed_at is None:
+        result.problems.append("the runner was never killed")
+    booted = [e for e in ctx.events if e.get("event") == "bootstrap_started"]
+    if booted:
+        result.problems.append(f"{len(booted)} VM(s) booted: the node was not deleted while CREATING")
+    deletes = node_deletes(ctx.requests)
+    if not deletes or any(who != "runner" for _, _, who in deletes):
+        result.problems.append(f"accepted deletes: {deletes}; expected `runner down`'s")
+    elif ctx.killed_at:
+        result.notes.append(
+            f"runner killed while CREATING; `runner down` took {ctx.numbers.get('down_s')}s, its DELETE came "
+            f"{deletes[0][0] - ctx.killed_at:.1f}s after the kill"
+        )
+
+
+# -- safety stops -----------------------------------------------------------------------------------------------
+
+
+def safety_stop(ctx: Ctx, result: RunResult) -> None:
+    """The job itself stopped with 124 (a safety net on the VM), and said why."""
+    for e in ctx.exit_records:
+        if e.get("exit_code") != 124:
+            result.problems.append(f"worker exit code {e.get('exit_code')}, expected 124 (safety stop)")
+        if e.get("started_at") and e.get("finished_at"):
+            took = float(e["finished_at"]) - float(e["started_at"])
+            result.notes.append(f"job stopped {took:.0f}s after it started: {e.get('error')}")
+    if not ctx.exit_records:
+        result.problems.append("no exit record")
+
+
+def runner_deleted_at_deadline(ctx: Ctx, result: RunResult) -> None:
+    """The VM did not know the deadline (drop-env): the runner must delete at it, within seconds."""
+    deadline = float(ctx.run_record().get("deadline") or 0)
+    deletes = [(t, who) for t, _, who in node_deletes(ctx.requests)]
+    if not deletes:
+        result.problems.append("the node was never deleted")
+        return
+    t, who = deletes[0]
+    ctx.numbers["delete_after_deadline_s"] = round(t - deadline, 2)
+    result.notes.append(f"node deleted {t - deadline:.1f}s after the deadline, by the {who}")
+    if who != "runner":
+        result.problems.append(f"the first delete was the {who}'s, not the runner's")
+    if not -1.0 <= t - deadline <= 10.0:
+        result.problems.append(f"deleted {t - deadline:.1f}s after the deadline; goal: within 10s")
+    if any(e.get("exit_code") == 124 for e in ctx.exit_records):
+        result.problems.append("the job stopped itself (124): the drop-env fault did not keep the deadline from it")
+    store = ctx.storage()
+    log = (store.read_bytes("logs/worker-0.log") or b"").decode(errors="replace") if store else ""
+    if f"{contract.DEADLINE}: None" not in log:  # the job's own first line (scenarios/deadlines.py)
+        result.problems.append(f"the job did not say it was without {contract.DEADLINE}: the drop-env fault failed")
+
+
+def boot_timeouts(count: int) -> Check:
+    """The runner gave up on `count` silent VMs (boot_timeout), each deleted by the runner, never by the VM."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        seen = _runner_events(ctx, "boot_timeout")
+        if len(seen) != count:
+            result.problems.append(f"{len(seen)} boot_timeout event(s), expected {count}")
+        creates = node_lifetimes(ctx.requests)
+        deletes = node_deletes(ctx.requests)
+        gaps = []
+        for created, name in creates[:count]:
+            gone = next((t for t, n, _ in deletes if n == name and t >= created), None)
+            gaps.append("never" if gone is None else f"{gone - created:.1f}s")
+        result.notes.append(f"{len(creates)} create(s); silent node(s) deleted after: {', '.join(gaps)} (incl. boot)")
+        if any(who != "runner" for _, _, who in deletes[:count]):
+            result.problems.append("a silent node was deleted by someone other than the runner")
+        if result.expected == "failed":
+            reason = str(ctx.run_record().get("reason") or "")
+            result.notes.append(f"reason: {reason}")
+            if "boot_timeout" not in reason:
+                result.problems.append(f"the run's reason does not name boot_timeout: {reason!r}")
+
+    return check
+
+
+# -- the API and Cloud Storage ----------------------------------------------------------------------------------
+
+
+def nothing_created(ctx: Ctx, result: RunResult) -> None:
+    creates = [r for r in ctx.requests if r.method == "POST" and r.path.endswith("/nodes")]
+    if creates:
+        result.problems.append(f"{len(creates)} create request(s) sent")
+    result.notes.append(f"{len(creates)} create requests; refused before anything was paid for")
+
+
+def vm_recorded_pull_failure(ctx: Ctx, result: RunResult) -> None:
+    if not any(e.get("event") == "image_pull_failed" for e in ctx.events):
+        result.problems.append("no image_pull_failed event from the VM")
+    codes = sorted({e.get("exit_code") for e in ctx.exit_records}, key=str)
+    result.notes.append(f"VM recorded image_pull_failed; exit record codes {codes}")
+
+
+def ran_in(zone: str) -> Check:
+    def check(ctx: Ctx, result: RunResult) -> None:
+        ran = [name.split("/")[3] for _, name in node_lifetimes(ctx.requests)]
+        result.notes.append(f"creates accepted in: {', '.join(ran)}")
+        ended = [i.node.split("/")[3] for i in ctx.idle]
+        if ended and ended[-1] != zone:
+            result.problems.append(f"the job ran in {ended[-1]}, expected {zone}")
+
+    return check
+
+
+def http_burst(status: int, count: int) -> Check:
+    def check(ctx: Ctx, result: RunResult) -> None:
+        hits = [r for r in ctx.requests if r.status == status]
+        if len(hits) != count:
+            result.problems.append(f"{len(hits)} requests answered {status}, {count} injected")
+        where = Counter(f"{r.method} {'nodes/*' if r.path.count('/') > 6 else r.path.rsplit('/', 1)[-1]}" for r in hits)
+        result.notes.append(f"{status}s answered to: " + ", ".join(f"{k} x{v}" for k, v in where.items()))
+
+    return check
+
+
+def delete_answers(ctx: Ctx, result: RunResult) -> None:
+    deletes = [r for r in ctx.requests if r.method == "DELETE"]
+    result.notes.append("DELETE answers in order: " + ", ".join(f"{r.status} ({r.caller})" for r in deletes))
+
+
+def failed_delete_retried(ctx: Ctx, result: RunResult) -> None:
+    """A delete operation failed; someone read it and asked again, and the node went."""
+    failed = ctx.numbers.get("failed_deletes") or []
+    if len(failed) != 1:
+        result.problems.append(f"{len(failed)} delete operation(s) failed, 1 injected")
+    delete_answers(ctx, result)
+    ok = node_deletes(ctx.requests)
+    result.notes.append("accepted DELETEs: " + ", ".join(f"{who} at +{t - ok[0][0]:.1f}s" for t, _, who in ok))
+    if len(ok) < 2:
+        result.problems.append("the failed deletion was never asked again")
+
+
+def collision_left_alone(ctx: Ctx, result: RunResult) -> None:
+    """The runner named its node anew and never touched the other run's node, which is still READY."""
+    taken = [r for r in ctx.requests if r.method == "POST" and r.status == 409]
+    created = [name.rsplit("/", 1)[-1] for _, name in node_lifetimes(ctx.requests)]
+    others = ctx.others_nodes()
+    touched = [
+        r for r in ctx.requests if r.method == "DELETE" and any(r.path.endswith(f"/{n.node_id}") for n in others)
+    ]
+    result.notes.append(
+        f"409 on {[r.node_id for r in taken]}; created {created}; the other run's node: "
+        + ", ".join(f"{n.node_id} {n.state}" for n in others)
+    )
+    if len(taken) != 1 or not created or created[0] in [r.node_id for r in taken]:
+        result.problems.append("the runner did not create its node under a new name after the 409")
+    if touched:
+        result.problems.append(f"the runner sent DELETE for the other run's node: {[r.path for r in touched]}")
+    if [n.state for n in others] != ["READY"]:
+        result.problems.append(f"the other run's node should still be READY: {[(n.node_id, n.state) for n in others]}")
+
+
+def gc_reported_each(ctx: Ctx, result: RunResult) -> None:
+    """gc tried every orphan, reported each, exited 5, and the denied one is the only node left."""
+    orphans: list[str] = ctx.numbers.get("orphans") or []
+    said: list[str] = ctx.numbers.get("gc_output") or []
+    if ctx.numbers.get("gc_exit") != 5:
+        result.problems.append(f"`runner gc` exited {ctx.numbers.get('gc_exit')}, expected 5")
+    outcomes = {}
+    for name in orphans:
+        lines = [s for s in said if f" {name} " in f"{s} " and ("deleted" in s or "could not delete" in s)]
+        outcomes[name] = "denied" if any("could not delete" in s for s in lines) else "deleted" if lines else "?"
+    left = [n.node_id for n in ctx.others_nodes()]
+    result.notes.append(f"gc: {outcomes}; exit {ctx.numbers.get('gc_exit')}; nodes left: {left}")
+    if sorted(outcomes.values()) != ["deleted"] * (len(orphans) - 1) + ["denied"]:
+        result.problems.append(f"gc should report each orphan, one denied: {outcomes}")
+    if left != [n for n, o in outcomes.items() if o == "denied"]:
+        result.problems.append(f"nodes left {left}; expected only the denied orphan")
+
+
+def gcs_faults(ctx: Ctx, result: RunResult) -> None:
+    assert ctx.proxy is not None
+    names = Counter(Path(r.object_name or "?").name for r in ctx.proxy.injected)
+    if not names or any(n != ctx.case.gcs_faults for n in names.values()):
+        result.problems.append(f"uploads failed by the proxy: {dict(names)}; planned {ctx.case.gcs_faults} each")
+    result.notes.append("503 to uploads of " + ", ".join(f"{k} x{v}" for k, v in sorted(names.items())))
+    manifest = ctx.final_manifest or {}
+    result.notes.append(f"bucket checkpoints: {sorted(ctx.checkpoints())}; manifest names {manifest.get('path')}")
+
+
+def exit_record(ctx: Ctx, result: RunResult) -> None:
+    assert ctx.proxy is not None
+    if len(ctx.proxy.injected) != 1:
+        result.problems.append(f"{len(ctx.proxy.injected)} exit-record checks failed by the proxy, 1 planned")
+    for e in ctx.exit_records:
+        result.notes.append(
+            f"exit/worker-{e.get('worker')}.json in the end: {e.get('state')}, exit {e.get('exit_code')}"
+            + (f", {e.get('error')!r}" if e.get("error") else "")
+        )

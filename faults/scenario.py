@@ -1,0 +1,123 @@
+"""A fault case as data: the job, the fault, what happens while it runs, and what must come of it.
+
+A case is a `Scenario`: its hooks are small functions of the case's context (faults/context.py), built from the
+verbs in faults/actions.py and faults/checks.py, so that a new case is a few lines in a module of
+faults/scenarios/. The one runner (faults/suite.py) does the rest the same way for every case: the emulators, the
+real `runner submit` subprocess, the recorder and every measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from faults.context import Ctx
+    from faults.result import RunResult
+
+IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
+PROJECT = "test-project"
+ZONES = ("us-central1-b", "us-central1-c")
+THIRD_ZONE = "europe-west4-a"  # also offers v2-8 (runner/data/tpu_catalog.yaml)
+UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a registry check that cannot tell
+
+Hook = Callable[["Ctx"], None]
+Check = Callable[["Ctx", "RunResult"], None]
+
+HELLO = ("python", "-c", "print('hello from the VM', flush=True)")
+# Prints every second for 15 minutes: a job that outlives any safety net under test.
+LONG_COMMAND = ("python", "-c", "import time\nfor i in range(900):\n    print('working', i, flush=True); time.sleep(1)")
+
+
+@dataclass(frozen=True)
+class Train:
+    """The built-in trainer on real MNIST (the bucket's copy): mnist_mlp, one checkpoint per epoch."""
+
+    epochs: int = 4
+    examples: int = 1024
+    batch_size: int = 128
+    test_examples: int = 256
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.examples // self.batch_size
+
+    def section(self, data: str | None) -> dict[str, Any]:
+        return {
+            "model": "mnist_mlp",
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "max_train_examples": self.examples,
+            "max_test_examples": self.test_examples,
+            "checkpoint_every": 1,
+            "data": data,
+        }
+
+
+@dataclass(frozen=True)
+class Command:
+    """A custom command where training is not the point."""
+
+    argv: tuple[str, ...] = HELLO
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One fault case. `expect` None means refused before anything exists (exit code 2, shown as `rejected`)."""
+
+    name: str
+    fault: str  # what the table calls it
+    expect: str | None  # the terminal state `runner status` must report
+    exit: int  # the runner's exit code (-9: the case SIGKILLs it)
+    job: Train | Command = Command()
+    spot: bool = False
+    zones: tuple[str, ...] = ZONES
+    teardown: dict[str, Any] = field(default_factory=dict)
+    retries: dict[str, Any] = field(default_factory=dict)
+    registry: str | None = None  # RUNNER_REGISTRY_ENDPOINT; None: the emulator
+    setup: tuple[Hook, ...] = ()  # before submit: inject faults, plant nodes
+    during: tuple[Hook, ...] = ()  # each in a thread while the runner lives
+    after: tuple[Hook, ...] = ()  # once the runner has exited: what finishes the case (`runner down`, gc, a VM alone)
+    checks: tuple[Check, ...] = ()  # the case's own expectations, on the measured result
+    fast: bool = False  # a few seconds: run by `make test` (tests/test_faults.py)
+    timeout_s: float = 420.0  # for the runner to exit
+    gcs_faults: int = 0  # 503s the flaky proxy answers to the first uploads of each checkpoint object
+    proxy: bool = False  # the VMs reach Cloud Storage through a FlakyProxy (ctx.proxy) even without gcs_faults
+    runner_via_proxy: bool = False  # the runner too (its STORAGE_EMULATOR_HOST is the proxy)
+    reference: bool = False  # first run the same job without the fault, for the checks to compare with
+
+    @property
+    def trains(self) -> bool:
+        return isinstance(self.job, Train)
+
+    def spec_yaml(self, storage: str, data: str | None) -> str:
+        acc: dict[str, Any] = {"type": "v2-8", "zones": list(self.zones), "project": PROJECT}
+        if self.spot:
+            acc["spot"] = True
+        doc: dict[str, Any] = {"name": "faults", "image": IMAGE, "accelerator": acc, "storage": storage}
+        if isinstance(self.job, Train):
+            doc["training"] = self.job.section(data)
+        else:
+            doc["command"] = list(self.job.argv)
+        if self.teardown:
+            doc["teardown"] = dict(self.teardown)
+        if self.retries:
+            doc["retries"] = dict(self.retries)
+        return json.dumps(doc, indent=1) + "\n"  # JSON is YAML
+
+    def without_fault(self) -> Scenario:
+        """The same job with nothing injected: the reference run."""
+        return Scenario(
+            f"{self.name}-reference",
+            f"{self.fault}: reference",
+            "succeeded",
+            0,
+            job=self.job,
+            spot=self.spot,
+            zones=self.zones,
+            teardown=self.teardown,
+            retries=self.retries,
+            timeout_s=self.timeout_s,
+        )

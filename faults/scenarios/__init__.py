@@ -1,0 +1,23 @@
+"""Every fault case, by theme. A new case is a Scenario in the module of its theme (or a new module listed here)."""
+
+from __future__ import annotations
+
+from faults.scenario import Scenario
+from faults.scenarios import api_errors, capacity, deadlines, preemption, runner_death, storage, teardown
+
+CASES: tuple[Scenario, ...] = (
+    *preemption.CASES,
+    *capacity.CASES,
+    *api_errors.CASES,
+    *runner_death.CASES,
+    *storage.CASES,
+    *deadlines.CASES,
+    *teardown.CASES,
+)
+
+
+def case_named(name: str) -> Scenario:
+    for case in CASES:
+        if case.name == name:
+            return case
+    raise KeyError(f"no case {name!r}; known: {', '.join(c.name for c in CASES)}")

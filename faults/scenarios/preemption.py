@@ -1,0 +1,55 @@
+"""Spot preemptions: whenever they come, the run resumes from its newest checkpoint and loses no training."""
+
+from __future__ import annotations
+
+from faults import actions, checks
+from faults.scenario import ZONES, Scenario, Train
+
+CASES = (
+    # Epochs of 1536 steps (a few seconds each, longer than the 5 s the bucket lags behind the trainer), so that
+    # each preemption lands near the checkpoint it waited for, and the second one well before the end.
+    Scenario(
+        "preemption-x2",
+        "preemption mid-training, twice (spot)",
+        "succeeded",
+        0,
+        job=Train(epochs=8, examples=24576, batch_size=16),
+        spot=True,
+        during=(actions.preempt_at_checkpoints(2, 5),),
+        checks=(checks.preemptions(2),),
+    ),
+    Scenario(
+        "preempt-at-boot",
+        "spot preemption as the node turns READY",
+        "succeeded",
+        0,
+        spot=True,
+        during=(actions.preempt_when_ready,),
+        checks=(checks.boot_preemption,),
+    ),
+    Scenario(
+        "preempt-at-boot-1zone",
+        "spot preemption as the node turns READY, one zone",
+        "succeeded",
+        0,
+        spot=True,
+        zones=(ZONES[0],),
+        during=(actions.preempt_when_ready,),
+        checks=(checks.boot_preemption,),
+        fast=True,
+    ),
+    # Full-size epochs at batch 16 (3120 steps, several seconds each), preempted when the bucket's progress.json
+    # shows the first half of an epoch before the last: that copy is up to a sync interval (5 s) behind the
+    # trainer, which is then still inside that epoch. An uninterrupted run of the same job goes first.
+    Scenario(
+        "preempt-mid-epoch",
+        "spot preemption in the middle of an epoch",
+        "succeeded",
+        0,
+        job=Train(epochs=3, examples=49920, batch_size=16, test_examples=10000),
+        spot=True,
+        during=(actions.preempt_mid_epoch,),
+        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted),
+        reference=True,
+    ),
+)
