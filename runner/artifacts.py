@@ -1,4 +1,9 @@
-"""Collect: what a finished run produced, as rows for the terminal and paths a user can open."""
+"""Collect: what a finished run produced, as rows for the terminal and paths a user can open.
+
+summary.json is written by the built-in trainer, or by user code in any shape it likes, so every field is checked
+before use: a summary that is not the trainer's shows its own top-level values, and a field of the wrong type is
+left out, never a KeyError at the end of a run that succeeded.
+"""
 
 from __future__ import annotations
 
@@ -7,68 +12,143 @@ from typing import Any
 from runner import contract
 from runner.status import RunState, Snapshot
 
+_MAX_USER_ROWS = 20  # a user's summary may be large; the terminal summary shows its first entries
+
 
 def _join(run_dir: str, key: str) -> str:
     return f"{run_dir.rstrip('/')}/{key}"
 
 
-def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
-    """The end-of-run summary: results, timings, strategy, and where every artifact is."""
-    rows: list[tuple[str, str]] = [("state", str(state))]
-    s: dict[str, Any] = snapshot.summary or {}
-    if s:
+def number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (booleans, strings, ints too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def one_line(value: Any, limit: int = 200) -> str:
+    """A value from a file someone else wrote, safe for one terminal line: no control characters (escape
+    sequences, newlines), and not endless."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _scalar(value: Any) -> str:
+    as_float = number(value)
+    if as_float is not None and isinstance(value, float):
+        return f"{as_float:.6g}"
+    return one_line(value, 100)
+
+
+def progress_text(line: dict[str, Any]) -> str:
+    """One metrics.jsonl line as a status row: the trainer's epoch line, or whatever a custom command wrote."""
+    known = [
+        ("accuracy", "accuracy {:.4f}"),
+        ("val_accuracy", "val_accuracy {:.4f}"),
+        ("epoch_time_s", "{:.1f}s"),
+    ]
+    parts = [fmt.format(value) for key, fmt in known if (value := number(line.get(key))) is not None]
+    if "epoch" in line:
+        return f"epoch {one_line(line['epoch'], 20)} done" + (f": {', '.join(parts)}" if parts else "")
+    if parts:
+        return ", ".join(parts)
+    entries = [
+        f"{one_line(k, 40)} {_scalar(v)}" for k, v in line.items() if v is None or isinstance(v, str | int | float)
+    ]
+    return one_line(", ".join(entries), 200) or "-"
+
+
+def _trainer_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The built-in trainer's summary (runner.train.trainer.finish), field by field, each only if well formed."""
+    rows: list[tuple[str, str]] = []
+    accuracy = number(s.get("test_accuracy"))
+    if accuracy is not None:
+        details = []
+        if (loss := number(s.get("test_loss"))) is not None:
+            details.append(f"loss {loss:.4f}")
+        if s.get("test_examples") is not None:
+            details.append(f"{one_line(s['test_examples'])} test examples")
+        rows.append(("test accuracy", f"{accuracy:.4f}" + (f"  ({', '.join(details)})" if details else "")))
+    raw_times = s.get("epoch_times_s")
+    times = [t for t in map(number, raw_times) if t is not None] if isinstance(raw_times, list) else []
+    if "epoch_times_s" in s:
+        rows.append(("epoch times", ", ".join(f"{t:.1f}s" for t in times) or "-"))
+    if speed := number(s.get("examples_per_s")):
         rows.append(
             (
-                "test accuracy",
-                f"{s['test_accuracy']:.4f}  (loss {s['test_loss']:.4f}, {s['test_examples']} test examples)",
+                "examples/s",
+                f"{speed:.0f}  (mean over epochs after the first, which compiles)"
+                if len(times) > 1
+                else f"{speed:.0f}",
             )
         )
-        times = s.get("epoch_times_s") or []
-        rows.append(("epoch times", ", ".join(f"{t:.1f}s" for t in times) or "-"))
-        if s.get("examples_per_s"):
-            rows.append(
-                (
-                    "examples/s",
-                    f"{s['examples_per_s']:.0f}  (mean over epochs after the first, which compiles)"
-                    if len(times) > 1
-                    else f"{s['examples_per_s']:.0f}",
-                )
-            )
-        strat = s.get("strategy") or {}
+    strat = s.get("strategy")
+    if isinstance(strat, dict):
+        batch = ""
+        if s.get("global_batch_size") is not None:
+            batch = f"; global batch {one_line(s['global_batch_size'])}"
+            if s.get("per_replica_batch_size") is not None:
+                batch += f" ({one_line(s['per_replica_batch_size'])} per replica)"
         rows.append(
             (
                 "strategy",
-                f"{strat.get('name')} on {str(strat.get('kind', '?')).upper()}, "
-                f"{strat.get('replicas')} replica(s); global batch {s['global_batch_size']} "
-                f"({s['per_replica_batch_size']} per replica)",
+                f"{one_line(strat.get('name'))} on {one_line(strat.get('kind', '?')).upper()}, "
+                f"{one_line(strat.get('replicas'))} replica(s){batch}",
             )
         )
         if strat.get("note"):
-            rows.append(("strategy note", strat["note"]))
-        rows.append(
-            (
-                "model",
-                f"{s['model']} on {s['dataset']} ({s['train_examples']} train examples), "
-                f"{s['epochs']} epochs, {s['versions']['keras']}",
-            )
+            rows.append(("strategy note", one_line(strat["note"], 400)))
+    if s.get("model") is not None:
+        versions = s.get("versions")
+        keras = versions.get("keras") if isinstance(versions, dict) else None
+        model, dataset, examples, epochs = (
+            one_line(s.get(k, "?")) for k in ("model", "dataset", "train_examples", "epochs")
         )
-        if s.get("resumed_from_epoch"):
-            rows.append(("resumed", f"from the checkpoint after epoch {s['resumed_from_epoch']}"))
+        text = f"{model} on {dataset} ({examples} train examples), {epochs} epochs"
+        rows.append(("model", text + (f", {one_line(keras)}" if keras else "")))
+    if s.get("resumed_from_epoch"):
+        rows.append(("resumed", f"from the checkpoint after epoch {one_line(s['resumed_from_epoch'])}"))
+    return rows
+
+
+def _user_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """A summary written by user code: its top-level values that fit on a line, as they are."""
+    rows = [(one_line(k, 40), _scalar(v)) for k, v in s.items() if v is None or isinstance(v, str | int | float)]
+    if len(rows) > _MAX_USER_ROWS:
+        rows = [*rows[:_MAX_USER_ROWS], ("…", f"{len(rows) - _MAX_USER_ROWS} more in summary.json")]
+    return rows
+
+
+def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The end-of-run summary: results, timings, strategy, and where every artifact is."""
+    rows: list[tuple[str, str]] = [("state", str(state))]
+    s: dict[str, Any] = snapshot.summary if isinstance(snapshot.summary, dict) else {}
+    if s:
+        rows += _trainer_rows(s) if "test_accuracy" in s else _user_rows(s)
     for exit_ in snapshot.exits:
         if exit_.state != RunState.SUCCEEDED:
             rows.append(
                 (
                     f"worker {exit_.worker}",
-                    f"{exit_.state}, exit code {exit_.exit_code}" + (f": {exit_.error}" if exit_.error else ""),
+                    f"{exit_.state}, exit code {exit_.exit_code}"
+                    + (f": {one_line(exit_.error)}" if exit_.error else ""),
                 )
             )
+    checkpoint = s.get("checkpoint")
     rows += [
         ("run directory", run_dir),
         ("metrics", _join(run_dir, contract.METRICS)),
         (
             "checkpoints",
             _join(run_dir, contract.CHECKPOINTS)
-            + (f"/  (latest: {s['checkpoint'].split('/')[-1]})" if s.get("checkpoint") else "/"),
+            + (
+                f"/  (latest: {one_line(checkpoint.split('/')[-1])})"
+                if isinstance(checkpoint, str) and checkpoint
+                else "/"
+            ),
         ),
         ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
         ("logs", _join(run_dir, contract.log_key(0))),

@@ -26,7 +26,7 @@ def env_file(env: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
 
 
-def values(plan: Plan) -> dict[str, str]:
+def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
     assert plan.cloud is not None
     cloud = plan.cloud
     policy = plan.spec.teardown.policy
@@ -36,7 +36,7 @@ def values(plan: Plan) -> dict[str, str]:
         "IMAGE": plan.spec.image,
         "PROJECT": cloud.project,
         "ZONE": "",  # filled per attempt: a stockout moves the node to the next zone
-        "NODE": cloud.node_id,
+        "NODE": node_id or cloud.node_id,  # a name collision gives the node another name than the plan's
         "JOB_WORKERS": cloud.trainer_workers,
         "NUM_WORKERS": str(plan.num_workers),
         "DELETE_ON_EXIT": "never" if plan.attach else policy,
@@ -45,10 +45,10 @@ def values(plan: Plan) -> dict[str, str]:
     }
 
 
-def render(plan: Plan, zone: str) -> str:
-    """The startup script for `plan`'s node in `zone`."""
+def render(plan: Plan, zone: str, node_id: str | None = None) -> str:
+    """The startup script for `plan`'s node in `zone` (named `node_id`, by default the plan's)."""
     text = TEMPLATE.read_text()
-    assignments = {**values(plan), "ZONE": zone}
+    assignments = {**values(plan, node_id), "ZONE": zone}
     block = "".join(f"{key}={shlex.quote(value)}\n" for key, value in assignments.items())
     rendered, count = _BLOCK.subn(lambda m: m.group(1) + block + m.group(3), text)
     if count != 1:

@@ -107,6 +107,7 @@ def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
 def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.", show_default=False)]) -> None:
     """Check job spec files and report every problem, with its field path and line. Exit code 2 if any is invalid."""
     from runner.errors import SpecError
+    from runner.specfile import shown
 
     failed: list[SpecError] = []
     for path in specs:
@@ -116,7 +117,7 @@ def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.",
             failed.append(exc)
             continue
         what = f"{spec.training.model}, {spec.training.epochs} epochs" if spec.training else f"`{spec.command_line}`"
-        typer.echo(typer.style("ok", fg="green") + f" {path}: job {spec.name!r} ({what})")
+        typer.echo(typer.style("ok", fg="green") + f" {shown(path)}: job {spec.name!r} ({what})")
     if failed:
         if len(failed) == 1:
             raise failed[0]
@@ -242,7 +243,10 @@ def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, de
         return
     assert snapshot is not None
     typer.echo()
-    _print_rows(summary_rows(record.run_dir, state, snapshot), title=f"Run {record.run_id}")
+    rows = summary_rows(record.run_dir, state, snapshot)
+    if record.reason:
+        rows.insert(1, ("reason", record.reason))
+    _print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
     tail = failure_tail(snapshot)
@@ -258,22 +262,102 @@ def _finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, de
 # -- status / logs / list ------------------------------------------------------------------------------------------
 
 
+def _warn(text: str) -> None:
+    """A problem that does not stop the command (one corrupt file among many): one line on stderr."""
+    typer.echo(typer.style("warning", fg="yellow", bold=True) + f": {text}", err=True)
+
+
+def _when(timestamp: float, fmt: str) -> str:
+    """A time read from a file as local time; '?' for one no clock can show (NaN, 1e300: a corrupt file)."""
+    import time
+
+    try:
+        return time.strftime(fmt, time.localtime(timestamp))
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
+def _without_bad_handle(record: RunRecord, warnings: list[str]) -> RunRecord:
+    """The record as `_current_state` may use it: a handle its backend cannot read (a corrupt or foreign record)
+    is dropped with a warning, and the state is then judged from the run directory alone."""
+    from runner import contract, records
+    from runner.artifacts import one_line
+
+    if not record.handle or record.state.is_terminal():
+        return record  # _current_state asks no backend about these
+    from runner.errors import StorageError
+
+    try:
+        _backend_for(record.backend).handle_from_dict(record.handle)
+    except StorageError as exc:
+        local = records.runner_home() / "runs" / f"{record.run_id}.json"  # else it came from run.json (_resolve)
+        source = local if local.is_file() else f"{record.run_dir.rstrip('/')}/{contract.RUN_INFO}"
+        warnings.append(
+            f"{source}: its {one_line(record.backend, 20)} machine handle cannot be read ({exc}); "
+            "the state comes from the run directory alone"
+        )
+        return record.updated(handle={})
+    return record
+
+
 def _resolve(run: str) -> RunRecord:
     """A run id from this machine's records, or a run directory read directly (a run submitted elsewhere)."""
     import json
+    import stat
 
     from runner import records
-    from runner.errors import RunNotFound
+    from runner.errors import RunNotFound, StorageError, UsageError
+    from runner.specfile import shown
 
-    if run.startswith("gs://") or os.sep in run or Path(run).is_dir():
-        from runner import contract
-        from runner.storage import open_storage
+    if not run.strip():
+        raise UsageError("the run id is empty", hint="`runner list` shows the runs submitted here")
+    is_dir, not_dir = False, ""  # not_dir: why `run`, as a local path, is no run directory
+    if not run.startswith("gs://"):
+        try:
+            is_dir = stat.S_ISDIR(os.stat(run).st_mode)
+            not_dir = "" if is_dir else "is not a directory"
+        except (FileNotFoundError, NotADirectoryError):
+            not_dir = "no such directory"
+        except OSError as exc:  # a name too long, a permission: Path.is_dir() would raise these
+            not_dir = exc.strerror or str(exc)
+        except ValueError:
+            not_dir = "not a valid path"
+    if not (run.startswith("gs://") or os.sep in run or is_dir):
+        return records.load(run)
 
-        raw = open_storage(run).read_bytes(contract.RUN_INFO)
-        if raw is None:
-            raise RunNotFound(f"{run}: not a run directory (no {contract.RUN_INFO})")
-        return records.record_from_run_dir(json.loads(raw), run.rstrip("/"))
-    return records.load(run)
+    from pydantic import ValidationError
+
+    from runner import contract
+    from runner.spec import check_storage
+    from runner.status import json_kind, where
+    from runner.storage import open_storage
+
+    name = shown(run)
+    if run.startswith("gs://"):
+        try:
+            check_storage(run)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif not_dir:
+        raise RunNotFound(f"{name}: {not_dir}; give a run id or a run directory (<storage>/runs/<run id>)")
+    storage = open_storage(run)
+    raw = storage.read_bytes(contract.RUN_INFO)
+    if raw is None:
+        raise RunNotFound(f"{name}: not a run directory (no {contract.RUN_INFO})")
+    info_path = shown(where(storage, contract.RUN_INFO))
+    try:
+        info = json.loads(raw)
+        if not isinstance(info, dict):
+            raise ValueError(f"a JSON {json_kind(info)}, not an object")
+        record = records.record_from_run_dir(info, run.rstrip("/"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise StorageError(f"{info_path} is corrupt: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    except (ValueError, RecursionError) as exc:
+        raise StorageError(f"{info_path} is corrupt: {exc}") from None
+    if not records.valid_run_id(record.run_id):  # `down` saves a record named after it: no path in a run id
+        raise StorageError(f"{info_path} is corrupt: {record.run_id!r} is not a run id")
+    return record
 
 
 def _current_state(record: RunRecord, snapshot: Snapshot, backend: Backend | None = None) -> RunState:
@@ -311,15 +395,18 @@ def status(
 ) -> None:
     """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
     import json
-    import time
 
-    from runner.artifacts import failure_tail, summary_rows
+    from runner.artifacts import failure_tail, one_line, progress_text, summary_rows
+    from runner.events import read_events
     from runner.status import read_snapshot
     from runner.storage import open_storage
 
     record = _resolve(run)
-    snapshot = read_snapshot(open_storage(record.run_dir))
-    state = _current_state(record, snapshot)
+    storage = open_storage(record.run_dir)
+    snapshot = read_snapshot(storage)
+    warnings = list(snapshot.problems)
+    events = read_events(storage, warnings)
+    state = _current_state(_without_bad_handle(record, warnings), snapshot)
     if as_json:
         typer.echo(
             json.dumps(
@@ -332,51 +419,61 @@ def status(
                     "summary": snapshot.summary,
                     "heartbeat": snapshot.heartbeat,
                     "exits": [e.__dict__ for e in snapshot.exits],
+                    "warnings": warnings,
                 },
                 default=str,
                 indent=1,
             )
         )
         return
-    rows = [
-        ("job", record.job),
-        ("backend", record.backend),
-        ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at))),
+    rows = [  # run.json may come from someone else's run directory: no control characters reach the terminal
+        ("job", one_line(record.job, 80)),
+        ("backend", one_line(record.backend, 40)),
+        ("created", _when(record.created_at, "%Y-%m-%d %H:%M:%S")),
     ]
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
     if snapshot.metrics and not snapshot.summary:
-        last = snapshot.metrics[-1]
+        rows.append(("progress", progress_text(snapshot.metrics[-1])))
+    if events:
+        last = events[-1]
         rows.append(
-            (
-                "progress",
-                f"epoch {last['epoch']} done: accuracy {last.get('accuracy', 0):.4f}, "
-                f"val_accuracy {last.get('val_accuracy', 0):.4f}, {last['epoch_time_s']:.1f}s",
-            )
+            ("last event", f"{one_line(last.event, 60)} ({one_line(last.source, 40)}, {_when(last.time, '%H:%M:%S')})")
         )
     _print_rows(rows, title=f"Run {record.run_id}")
     _print_rows(summary_rows(record.run_dir, state, snapshot))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         typer.echo(f"  {line}")
+    for warning in warnings:
+        _warn(warning)
 
 
 @app.command()
 def logs(
     run: RunArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
-    worker: Annotated[int, typer.Option(help="Which worker's log (TPU pod slices have several).")] = 0,
+    worker: Annotated[int, typer.Option(min=0, help="Which worker's log (TPU pod slices have several).")] = 0,
 ) -> None:
     """Print a run's log (the container's output); --follow streams it until the run ends."""
     from runner import contract
+    from runner.errors import UsageError
     from runner.storage import open_storage
     from runner.watch import follow as follow_run
 
     record = _resolve(run)
+    workers = max(record.num_workers, 1)
+    if worker >= workers:  # the upper bound is the run's, so typer's max= cannot say it
+        has = f"{workers} workers, 0 to {workers - 1}" if workers > 1 else "1 worker, worker 0"
+        raise UsageError(f"--worker {worker}: run {record.run_id} has {has}")
     storage = open_storage(record.run_dir)
     if not follow:
         _write_output(storage.read_bytes(contract.log_key(worker)) or b"")
         return
 
+    warnings: list[str] = []
+    record = _without_bad_handle(record, warnings)
+    for warning in warnings:
+        _warn(warning)
     backend = _backend_for(record.backend)
     follow_run(
         storage,
@@ -389,40 +486,47 @@ def logs(
 
 
 @app.command("list")
-def list_runs(limit: Annotated[int, typer.Option(help="Show at most this many runs.")] = 20) -> None:
+def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20) -> None:
     """List the runs submitted from this machine, newest first."""
-    import time
 
     from rich.table import Table
 
     from runner import records
+    from runner.artifacts import number
+    from runner.errors import RunnerError
     from runner.status import read_snapshot
     from runner.storage import open_storage
 
     table = Table("run", "job", "backend", "state", "created", "test acc.", box=None, pad_edge=False)
-    found = records.list_records()[:limit]
+    warnings: list[str] = []
+    found = records.list_records(warnings)[:limit]
     backends: dict[str, Backend] = {}
     for record in found:
         try:
             snapshot = read_snapshot(open_storage(record.run_dir), with_metrics=False)
             if record.backend not in backends:
                 backends[record.backend] = _backend_for(record.backend)
-            state = str(_current_state(record, snapshot, backends[record.backend]))
-            accuracy = snapshot.summary.get("test_accuracy") if snapshot.summary else None
+            state = str(_current_state(_without_bad_handle(record, warnings), snapshot, backends[record.backend]))
+            accuracy = number((snapshot.summary or {}).get("test_accuracy"))
+            warnings += [f"{record.run_id}: {problem}" for problem in snapshot.problems]
         except Exception as exc:  # one unreachable run directory must not hide the others
-            state, accuracy = f"? ({type(exc).__name__})", None
+            state, accuracy = "?", None
+            reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
+            warnings.append(f"{record.run_id}: {reason}")
         table.add_row(
             record.run_id,
             record.job,
             record.backend,
             state,
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created_at)),
+            _when(record.created_at, "%Y-%m-%d %H:%M"),
             f"{accuracy:.4f}" if accuracy is not None else "-",
         )
-    if not found:
+    if found:
+        _console().print(table)
+    elif not warnings:
         _say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
-        return
-    _console().print(table)
+    for warning in warnings:
+        _warn(warning)
 
 
 # -- image -------------------------------------------------------------------------------------------------------
@@ -440,28 +544,29 @@ app.command("bench")(bench)
 
 @app.command()
 def down(run: RunArg) -> None:
-    """Stop a run and delete what it created, now (an attached node is left running)."""
+    """Stop a run and delete what it created, now, in any phase (an attached node is left running)."""
     import time
 
     from runner import records
     from runner.events import EventLog
-    from runner.status import RunState
+    from runner.status import RunState, read_snapshot
     from runner.storage import open_storage
 
     record = _resolve(run)
     if not record.handle:
         _say(f"{record.run_id} created nothing that could still run")
         return
-    from runner.status import read_snapshot
-
     backend = _backend_for(record.backend)
     storage = open_storage(record.run_dir)
     finished = _current_state(record, read_snapshot(storage, with_metrics=False), backend).is_terminal()
     events = EventLog(storage, "runner-down")  # its own file: the submitter may still be writing runner.jsonl
-    events.emit("down_requested")
+    events.emit("down_requested", state=str(record.state))
     if not finished:  # recorded first: what the workers write while being stopped does not change what this was
         record = records.save(record.updated(state=RunState.CANCELLED, finished_at=time.time()))
-    backend.teardown(backend.handle_from_dict(record.handle))
+    from runner.interrupts import signals_deferred
+
+    with signals_deferred(_say):
+        backend.teardown(backend.handle_from_dict(record.handle))
     events.emit("down_done")
     _say(f"{record.run_id} is down")
 
@@ -469,31 +574,38 @@ def down(run: RunArg) -> None:
 @app.command()
 def gc(
     project: Annotated[str | None, typer.Option(help="Project (default: gcloud's).")] = None,
-    zone: Annotated[list[str] | None, typer.Option(help="Zone to sweep; repeat for several.")] = None,
-    all_zones: Annotated[bool, typer.Option("--all-zones", help="Sweep every zone that offers TPUs.")] = False,
+    zone: Annotated[
+        list[str] | None,
+        typer.Option(help="Sweep only this zone; repeat for several (default: every zone that offers TPUs)."),
+    ] = None,
+    all_zones: Annotated[
+        bool, typer.Option("--all-zones", help="Every zone that offers TPUs, also when --zone is given.")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list; delete nothing.")] = False,
 ) -> None:
-    """Find runner-labelled TPU nodes and queued resources nobody needs any more, and delete them."""
+    """Find runner-labelled TPU nodes and queued resources nobody needs any more, and delete them all.
+
+    Without --zone it sweeps the zones of this machine's runs and every zone of the catalog. Each orphan is tried
+    even when another fails; the exit code is 5 if any deletion failed."""
     from runner import catalog, gcloud_config, records
     from runner.backends.tpu_api import TpuApi
-    from runner.errors import UsageError
+    from runner.errors import BackendError, UsageError
     from runner.teardown import Sweeper
 
     project = project or gcloud_config.default_project()
     if not project:
         raise UsageError("no project to sweep", hint="pass --project or `gcloud config set project PROJECT`")
-    if all_zones:
-        zones = sorted({z for t in catalog.all_types() for z in t.zones})
-    else:
-        zones = list(zone or [])
-        zones += [r.handle["zone"] for r in records.list_records() if r.backend == "tpu-vm" and r.handle.get("zone")]
+    runs = records.list_records()
+    zones = set(zone or [])
+    if all_zones or not zone:
+        zones |= {z for t in catalog.all_types() for z in t.zones}
+        zones |= {str(r.handle["zone"]) for r in runs if r.backend == "tpu-vm" and r.handle.get("zone")}
         if default := gcloud_config.default_zone():
-            zones.append(default)
-        zones = sorted(set(zones))
-    if not zones:
-        raise UsageError("no zone to sweep", hint="pass --zone ZONE (repeatable) or --all-zones")
-    sweeper = Sweeper(TpuApi(), project, zones, say=_say)
+            zones.add(default)
+    ended = {r.run_id: str(r.state) for r in runs if r.state.is_terminal()}
+    sweeper = Sweeper(TpuApi(), project, sorted(zones), say=_say, ended_runs=ended)
     found = sweeper.scan()
+    where = ", ".join(sorted(zones)) if len(zones) <= 4 else f"{len(zones)} zones"
     rows = [
         (
             f"{f.kind} {f.short_name}",
@@ -502,17 +614,30 @@ def gc(
         )
         for f in found
     ]
-    _print_rows(rows, title=f"Runner resources in {project} ({', '.join(zones)})") if rows else _say(
-        f"nothing labelled managed-by=tpu-runner in {', '.join(zones)}"
-    )
+    if rows:
+        _print_rows(rows, title=f"Runner resources in {project} ({where})")
+    else:
+        _say(f"nothing labelled managed-by=tpu-runner in {where}")
     orphans = [f for f in found if f.orphaned_because]
     if dry_run or not orphans:
         if orphans:
             _say(f"{len(orphans)} orphaned; run without --dry-run to delete them")
         return
-    for leftover in orphans:
-        sweeper.delete(leftover)
-        _say(f"deleted {leftover.kind} {leftover.short_name} in {leftover.zone}")
+    results = sweeper.delete(orphans)
+    for swept in results:
+        what = f"{swept.leftover.kind} {swept.leftover.short_name} in {swept.leftover.zone}"
+        if swept.outcome == "failed":
+            _say(f"could not delete {what}: {swept.error}")
+        elif swept.outcome == "delete requested":
+            _say(f"delete requested: {what} (still being deleted; `runner gc --dry-run` shows when it is gone)")
+        else:
+            _say(f"deleted {what}")
+    failed = [s for s in results if s.outcome == "failed"]
+    if failed:
+        raise BackendError(
+            f"{len(failed)} of {len(results)} deletion(s) failed",
+            hint="each failure is listed above; fix the cause (often a permission) and run `runner gc` again",
+        )
 
 
 # -- entry point ---------------------------------------------------------------------------------------------------

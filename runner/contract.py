@@ -11,6 +11,7 @@ and two writers would overwrite each other:
     runner-heartbeat         JSON {time, pid, host}, refreshed while it watches     runner
     logs/worker-N.log        the container's stdout and stderr                      worker N
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
+    progress.json            JSON {step, epoch, time, ...}, rewritten as it trains  trainer (worker 0)
     checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
@@ -32,6 +33,7 @@ OUTPUT_DIR = "RUNNER_OUTPUT_DIR"  # local directory mirrored to RUN_DIR (the run
 CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"
 TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
+PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
 DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist.npz), mounted read-only into containers
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
 TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
@@ -45,6 +47,7 @@ HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
 SYNC_S = "RUNNER_SYNC_S"
 GRACE_S = "RUNNER_GRACE_S"
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
+HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
 
 # Run-directory layout (relative keys, '/'-separated on every storage).
 SPEC = "spec.yaml"
@@ -54,6 +57,7 @@ HEARTBEAT = "heartbeat"
 RUNNER_HEARTBEAT = "runner-heartbeat"  # written by the submitting runner while it watches
 LOGS_DIR = "logs"
 METRICS = "metrics.jsonl"
+PROGRESS = "progress.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = "checkpoints/latest.json"
 TENSORBOARD = "tensorboard"
@@ -102,6 +106,10 @@ class JobContext:
         return self.output_dir / METRICS
 
     @property
+    def progress_file(self) -> Path:
+        return self.output_dir / PROGRESS
+
+    @property
     def is_chief(self) -> bool:
         return self.worker_id == 0
 
@@ -126,4 +134,5 @@ class JobContext:
             CHECKPOINT_DIR: str(self.checkpoint_dir),
             TENSORBOARD_DIR: str(self.tensorboard_dir),
             METRICS_FILE: str(self.metrics_file),
+            PROGRESS_FILE: str(self.progress_file),
         }

@@ -8,6 +8,8 @@
     ├── StorageError             exit 4   reading or writing the run directory failed
     ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
     │   ├── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
+    │   ├── QuotaExceeded        exit 5   the project's quota is used up: no zone of that region helps
+    │   ├── AlreadyExists        exit 5   the name is taken (by another run: never deleted, never adopted)
     │   └── Preempted            exit 5   the machine was taken back while being created (Spot)
     └── RunFailed                exit 6   the run ended, but not in success (trainer failed, cancelled)
 
@@ -67,6 +69,14 @@ class BackendError(RunnerError):
 
 class NoCapacity(BackendError):
     """A stockout: not the user's fault, and another zone (or later) may succeed."""
+
+
+class QuotaExceeded(BackendError):
+    """An allocation quota is used up (a QuotaFailure detail, not a rate limit): retrying does not help."""
+
+
+class AlreadyExists(BackendError):
+    """The resource name is taken. What this run did not create is never deleted."""
 
 
 class Preempted(BackendError):

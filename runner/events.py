@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import contract
+from runner.status import parse_jsonl, where
 from runner.storage import Storage
 
 
@@ -41,22 +42,17 @@ class Event:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def read_events(storage: Storage) -> list[Event]:
-    """Every source's events, merged in time order. Torn or foreign lines are skipped, not fatal."""
+def _event(raw: dict[str, Any]) -> Event:
+    fields = dict(raw)
+    return Event(float(fields.pop("time")), str(fields.pop("source")), str(fields.pop("event")), fields)
+
+
+def read_events(storage: Storage, problems: list[str] | None = None) -> list[Event]:
+    """Every source's events, merged in time order. A torn last line (its writer died mid-line) is skipped
+    silently; other lines that are not events are skipped too, and named in `problems` when it is given, with
+    the file, so that a corrupt file is reported rather than quietly empty."""
     out: list[Event] = []
     for info in storage.list(contract.EVENTS_DIR + "/"):
         data = storage.read_bytes(info.key) or b""
-        for line in data.splitlines():
-            try:
-                raw = json.loads(line)
-                out.append(
-                    Event(
-                        float(raw.pop("time")),
-                        str(raw.pop("source")),
-                        str(raw.pop("event")),
-                        raw,
-                    )
-                )
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
+        out += parse_jsonl(data, where(storage, info.key), problems, _event)
     return sorted(out, key=lambda e: e.time)

@@ -1,12 +1,21 @@
-"""Ctrl-C and SIGTERM during a run: an exception while running, and no interruption while tearing down."""
+"""Ctrl-C and SIGTERM during a run: an exception while running, and no interruption while tearing down.
+
+While tearing down, a signal does not stop the teardown (a half-done delete is how TPUs get left running), but it
+sets `hurry`: waits for a confirmation (a node that takes minutes to go) end early, after the delete request has
+been sent, and say what may still be running and how to delete it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+# Set by a signal during teardown: stop waiting for confirmations, never stop sending delete requests.
+hurry = threading.Event()
 
 
 class Interrupted(Exception):
@@ -35,9 +44,14 @@ def signals_raise() -> contextlib.AbstractContextManager[None]:
 
 
 def signals_deferred(say: Callable[[str], None] = print) -> contextlib.AbstractContextManager[None]:
-    """During teardown a second Ctrl-C must not leave a machine behind: note it and carry on."""
+    """During teardown a second Ctrl-C must not leave a machine behind: note it, hurry, and carry on."""
 
     def handler(signum: int, _frame: Any) -> None:
-        say(f"{signal.Signals(signum).name} received; still tearing down, so nothing is left running")
+        if not hurry.is_set():
+            say(
+                f"{signal.Signals(signum).name} received: the delete requests still go out, then the runner stops "
+                "waiting for their confirmation"
+            )
+        hurry.set()
 
     return _handled(handler)

@@ -1,7 +1,20 @@
-"""One run, start to end: plan -> provision -> launch -> watch -> collect -> teardown.
+"""One run, start to end, as explicit phases: provision -> watch -> (replace and again) -> teardown.
 
-Teardown is in a `finally`, and SIGINT/SIGTERM are turned into an exception during the run, so every way out of
-`submit` (success, failure, Ctrl-C, kill, a bug) passes through it. Attached machines are never deleted.
+    submitted -> provisioning (handle recorded BEFORE the create request) -> starting (machine up)
+              -> running (the job's own heartbeat) -> a verdict:
+                   finished      every worker wrote its exit record: succeeded / failed (retries.failures)
+                   machine gone  preempted or vanished: recreate (retries.preemptions), the job resumes
+                   silent        up, but no word from its startup script within teardown.boot_timeout:
+                                 recreate once, then fail with the reason
+                   deadline      max_runtime passed: timed_out, whatever the machine does
+                   hung          no progress for teardown.hang_timeout: hung
+                   down          `runner down` from another shell: cancelled
+              -> teardown (per policy) -> finished
+
+The run record (local, and run.json in the run directory) is saved at every transition, so `runner status`,
+`down` and `gc` know what exists at any moment, including while a node is being created. Teardown is in a
+`finally`, and SIGINT/SIGTERM are turned into an exception during the run, so every way out of `submit` passes
+through it. Attached machines are never deleted.
 """
 
 from __future__ import annotations
@@ -14,18 +27,26 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 from runner import contract, records
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import BackendError, Preempted, RunnerError, UsageError
 from runner.events import Event, EventLog
-from runner.interrupts import Interrupted, signals_deferred, signals_raise
+from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.plan import Plan
 from runner.records import RunRecord
 from runner.specfile import dump_spec
 from runner.status import RunState, Snapshot, derive_state, read_snapshot
 from runner.storage import Storage, open_storage
 from runner.watch import LogTail, follow
+
+log = logging.getLogger(__name__)
+
+# The runner's own hang check backs up the supervisor's (which stops the job at hang_timeout exactly): it acts
+# only this much later, so that it never races the job's own, better-informed stop.
+HANG_SLACK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -36,42 +57,26 @@ class Outcome:
     detached: bool = False
 
 
+class Verdict(str, Enum):
+    """Why following a machine stopped."""
+
+    FINISHED = "finished"
+    MACHINE_GONE = "machine_gone"
+    SILENT = "silent"
+    DEADLINE = "deadline"
+    HUNG = "hung"
+    DOWN = "down"
+
+
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
 
 
-def _machine_gone(backend: Backend, handle: Handle, *, every_s: float) -> Callable[[], bool]:
-    """Asks the backend whether the machine is gone, at most every `every_s` (cloud APIs have quotas); an API
-    error is not an answer: the run directory keeps being watched."""
-    last = [float("-inf"), False]
-
-    def check() -> bool:
-        if time.monotonic() - last[0] >= every_s:
-            try:
-                last[1] = backend.status(handle) in _GONE
-            except RunnerError as exc:
-                last[1] = False
-                logging.getLogger(__name__).warning("machine status unavailable: %s", exc)
-            last[0] = time.monotonic()
-        return bool(last[1])
-
-    return check
-
-
-def _show_event(event: Event, say: Callable[[str], None]) -> None:
-    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
-    if event.source == "runner":
-        return
-    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
-    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
-
-
 def should_delete(policy: str, state: RunState, attached: bool) -> bool:
-    if attached:
-        return False
-    if policy == "never":
+    """on_success keeps a failed machine for debugging; a safety stop (timed out, hung) never keeps one."""
+    if attached or policy == "never":
         return False
     if policy == "on_success":
-        return state in (RunState.SUCCEEDED, RunState.CANCELLED)  # keep a failed machine for debugging
+        return state not in (RunState.FAILED, RunState.LOST)
     return True
 
 
@@ -107,7 +112,7 @@ class RunnerHeartbeat:
         try:
             self.storage.write_bytes(contract.RUNNER_HEARTBEAT, json.dumps(beat).encode())
         except RunnerError as exc:
-            logging.getLogger(__name__).warning("could not write the runner heartbeat: %s", exc)
+            log.warning("could not write the runner heartbeat: %s", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -122,30 +127,336 @@ class RunnerHeartbeat:
         self._stop.set()
 
 
-def _replace(backend: Backend, handle: Handle, storage: Storage, events: EventLog, grace_s: float) -> None:
-    """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew."""
-    events.emit("teardown_requested", state="replacing")
-    backend.teardown(handle, grace_s=grace_s)
-    _clear_exit_records(storage)
+class Watchdog:
+    """Decides, from the run directory, the clock and (rarely, the API has quotas) the backend, when following a
+    machine must stop and why. Readiness is the machine's own word (an event from its startup script or its
+    worker), never the API's READY alone: a READY node can be silent."""
+
+    def __init__(self, plan: Plan, backend: Backend, handle: Handle, *, status_every_s: float) -> None:
+        self.plan, self.backend, self.handle = plan, backend, handle
+        self.status_every_s = status_every_s
+        self.ready_at = time.time()
+        self.booted = False
+        self.down = False
+        self.heard_at: float | None = None
+        self._asked_at = float("-inf")
+        self._gone = False
+
+    def on_event(self, event: Event) -> None:
+        if event.source.startswith(("bootstrap-", "worker-")) and not self.booted:
+            self.booted = True
+            self.heard_at = time.time()
+        if event.event == "down_requested":
+            self.down = True
+
+    def machine_gone(self) -> bool:
+        """Asks the backend at most every status_every_s; an API error is not an answer."""
+        if time.monotonic() - self._asked_at >= self.status_every_s:
+            try:
+                self._gone = self.backend.status(self.handle) in _GONE
+            except RunnerError as exc:
+                self._gone = False
+                log.warning("machine status unavailable: %s", exc)
+            self._asked_at = time.monotonic()
+        return self._gone
+
+    def hung_for(self, snapshot: Snapshot) -> float | None:
+        """Seconds the job's progress has stood still, by the machine's own clock, once past hang_timeout."""
+        timeout = self.plan.spec.teardown.hang_timeout
+        beat = snapshot.heartbeat or {}
+        if not timeout or beat.get("phase") == "exited":
+            return None
+        try:
+            still = float(beat["time"]) - float(beat["progress_at"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return still if still > timeout + HANG_SLACK_S else None
+
+    def check(self, snapshot: Snapshot) -> Verdict | None:
+        if len(snapshot.exits) >= self.plan.num_workers:
+            return Verdict.FINISHED
+        if self.down:
+            return Verdict.DOWN
+        now = time.time()
+        if now > self.plan.deadline:
+            return Verdict.DEADLINE
+        if not self.booted and now - self.ready_at > self.plan.spec.teardown.boot_timeout:
+            return Verdict.SILENT
+        if self.hung_for(snapshot) is not None:
+            return Verdict.HUNG
+        if self.machine_gone():
+            return Verdict.MACHINE_GONE
+        return None
 
 
-def _clear_exit_records(storage: Storage) -> None:
-    """Before a machine is recreated: the old attempt's exit records (a preempted worker records `cancelled`) must
-    not end the new attempt. The old machine is gone, so nothing else writes them any more."""
-    for info in storage.list(contract.EXIT_DIR + "/"):
-        storage.delete(info.key)
+def _show_event(event: Event, say: Callable[[str], None]) -> None:
+    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
+    if event.source.startswith("runner"):
+        return
+    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
+    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
-def _was_preempted(backend: Backend, handle: Handle, snapshot: Snapshot, num_workers: int) -> bool:
-    """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
-    if backend.ephemeral:
-        return False
-    try:
-        machine = backend.status(handle)
-    except RunnerError:
-        return False
-    finished = len(snapshot.exits) >= num_workers and all(e.state != RunState.CANCELLED for e in snapshot.exits)
-    return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
+class _Retry(Exception):
+    """Replace the machine and run again (a preemption, a silent boot, a failure with retries left)."""
+
+
+class Run:
+    """The phases of one `submit`; `execute` drives them. Attributes are the run's state as it goes."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        *,
+        say: Callable[[str], None],
+        on_output: Callable[[bytes], None],
+        poll_s: float | None = None,
+        grace_s: float = 30.0,
+        status_every_s: float = 10.0,
+    ) -> None:
+        self.plan, self.backend, self.say, self.on_output = plan, backend, say, on_output
+        self.poll_s = poll_s or (0.5 if plan.storage_is_local else 2.0)
+        self.grace_s = grace_s
+        self.status_every_s = 0.0 if backend.ephemeral else status_every_s
+        self.storage = open_storage(plan.run_dir)
+        self.record = start_record(plan, self.storage)
+        self.events = EventLog(self.storage, "runner")
+        self.tail = LogTail(self.storage)
+        self.seen: set[tuple[float, str, str]] = set()
+        self.handle: Handle | None = None
+        self.state = RunState.PENDING
+        self.reason: str | None = None
+        self.snapshot: Snapshot | None = None
+        self.preemptions = self.failures = self.silent_boots = 0
+        self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
+
+    # -- record ---------------------------------------------------------------------------------------------------
+
+    def _save(self, **changes: Any) -> None:
+        """The local record and, when the handle changes, run.json: both always say what may exist."""
+        handle_changed = "handle" in changes and changes["handle"] != self.record.handle
+        self.record = records.save(self.record.updated(**changes))
+        if handle_changed:
+            self.storage.write_bytes(contract.RUN_INFO, records.run_info(self.record))
+
+    def _on_handle(self, handle: Handle) -> None:
+        """Called by the backend before it sends a create request: recorded first, then created."""
+        self.handle = handle
+        self._save(state=RunState.PROVISIONING, handle=handle.to_dict())
+        self.events.emit("provisioning", handle=handle.to_dict())
+
+    # -- phases ---------------------------------------------------------------------------------------------------
+
+    def provision(self) -> Handle:
+        retries = self.plan.spec.retries
+        while True:
+            try:
+                handle = self.backend.provision(self.plan, self._on_handle)
+            except Preempted as exc:  # taken back while booting; the backend already deleted it
+                self.handle = None
+                if self.preemptions >= retries.preemptions:
+                    raise
+                self.preemptions += 1
+                self.events.emit("preempted", attempt=self.preemptions, retry=True, at="boot")
+                self.say(f"{exc}: creating it again ({self.preemptions}/{retries.preemptions})")
+                continue
+            self.handle = handle
+            self._save(state=RunState.STARTING, handle=handle.to_dict())
+            self.events.emit("provisioned", handle=handle.to_dict())
+            return handle
+
+    def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
+        dog = Watchdog(self.plan, self.backend, handle, status_every_s=self.status_every_s)
+        verdict: list[Verdict] = []
+
+        def on_event(event: Event) -> None:
+            dog.on_event(event)
+            _show_event(event, self.say)
+
+        def stop(snapshot: Snapshot) -> bool:
+            beat = snapshot.heartbeat or {}
+            if self.record.state == RunState.STARTING and dog.booted and beat.get("phase") == "running":
+                self._save(state=RunState.RUNNING)  # the job's own heartbeat: now it runs
+            found = dog.check(snapshot)
+            if found is not None:
+                verdict.append(found)
+            return found is not None
+
+        snapshot = follow(
+            self.storage,
+            self.on_output,
+            num_workers=self.plan.num_workers,
+            interval_s=self.poll_s,
+            tail=self.tail,
+            seen_events=self.seen,
+            on_event=on_event,
+            stop=stop,
+        )
+        if not verdict:  # follow's own end: every exit record is there
+            verdict.append(Verdict.FINISHED)
+        if verdict[0] == Verdict.MACHINE_GONE:
+            # A VM that finished writes its exit record, then deletes itself: read again what it left.
+            snapshot = read_snapshot(self.storage, with_metrics=False)
+            if len(snapshot.exits) >= self.plan.num_workers:
+                verdict[0] = Verdict.FINISHED
+        if verdict[0] == Verdict.SILENT:
+            self.reason = (
+                f"the machine was up for {self.plan.spec.teardown.boot_timeout}s without a word from its startup "
+                "script (teardown.boot_timeout)"
+            )
+        return verdict[0], snapshot
+
+    def decide(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> RunState:
+        """The run's state after a verdict, or _Retry when the machine is to be replaced."""
+        retries = self.plan.spec.retries
+        if verdict == Verdict.DOWN:
+            return RunState.CANCELLED
+        if verdict == Verdict.DEADLINE:
+            self.reason = f"max_runtime ({self.plan.spec.teardown.max_runtime}s) passed"
+            self.say(f"{self.reason}: stopping the run and deleting what it created")
+            self.events.emit("deadline_passed", deadline=self.plan.deadline)
+            self.safety_stop = True
+            return RunState.TIMED_OUT
+        if verdict == Verdict.HUNG:
+            self.reason = f"no progress for over {self.plan.spec.teardown.hang_timeout}s (teardown.hang_timeout)"
+            self.say(f"{self.reason}: stopping the run")
+            self.events.emit("hung", seconds=self.plan.spec.teardown.hang_timeout)
+            self.safety_stop = True
+            return RunState.HUNG
+        if verdict == Verdict.SILENT:
+            hint = getattr(self.backend, "console_hint", None)
+            where = f"; what the VM did at boot: {hint(handle)}" if hint else ""
+            self.say(f"{self.reason}{where}")
+            retry = self.silent_boots < 1
+            self.events.emit("boot_timeout", seconds=self.plan.spec.teardown.boot_timeout, retry=retry)
+            if retry:
+                self.silent_boots += 1
+                self.say("deleting it and creating it once more")
+                raise _Retry
+            self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
+            return RunState.FAILED
+        if self._preempted(verdict, snapshot, handle):
+            if self.preemptions >= retries.preemptions:
+                self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
+                self.reason = f"preempted again, after {self.preemptions} recreation(s) (retries.preemptions)"
+                self.say(f"{self.reason}: giving up")
+                return RunState.FAILED
+            self.preemptions += 1
+            self.events.emit("preempted", attempt=self.preemptions, retry=True)
+            self.say(
+                f"the machine was preempted: recreating it ({self.preemptions}/{retries.preemptions}); the job "
+                "resumes from its newest checkpoint"
+            )
+            raise _Retry
+        state = derive_state(
+            snapshot, self.plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
+        )
+        if state == RunState.FAILED and self.failures < retries.failures:
+            self.failures += 1
+            self.events.emit("retrying_failure", attempt=self.failures)
+            self.say(f"the job failed: running it again ({self.failures}/{retries.failures})")
+            raise _Retry
+        return state
+
+    def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
+        """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
+        if self.backend.ephemeral:
+            return False
+        try:
+            machine = self.backend.status(handle)
+        except RunnerError:
+            return verdict == Verdict.MACHINE_GONE
+        finished = len(snapshot.exits) >= self.plan.num_workers and all(
+            e.state != RunState.CANCELLED for e in snapshot.exits
+        )
+        return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
+
+    def replace(self, handle: Handle) -> None:
+        """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The
+        old machine is gone, so nothing writes them any more; a preempted worker records `cancelled`, which must
+        not end the next attempt."""
+        self.events.emit("teardown_requested", state="replacing")
+        self.backend.teardown(handle, grace_s=self.grace_s)
+        self.handle = None
+        for info in self.storage.list(contract.EXIT_DIR + "/"):
+            self.storage.delete(info.key)
+
+    def teardown(self, left_running: bool) -> None:
+        if self.handle is None or left_running:
+            return
+        policy = self.plan.spec.teardown.policy
+        delete = self.backend.ephemeral or (
+            not self.plan.attach and (self.safety_stop or should_delete(policy, self.state, self.plan.attach))
+        )
+        with signals_deferred(self.say):
+            if delete:
+                t0 = time.time()
+                self.events.emit("teardown_requested", state=str(self.state))
+                self.backend.teardown(self.handle, grace_s=self.grace_s)
+                self.events.emit("teardown_done", seconds=round(time.time() - t0, 2))
+            else:
+                self.events.emit("teardown_skipped", policy=policy, state=str(self.state))
+
+    def settle(self) -> None:
+        """The final state: a state decided above stands; one still open is settled by the workers' records."""
+        rest = self.tail.read_new()  # what the job wrote while it was being stopped
+        if rest:
+            self.on_output(rest)
+        final = read_snapshot(self.storage)
+        if final.exits:
+            self.state = derive_state(
+                final, self.plan.num_workers, self.state, machine_alive=False, heartbeat_timeout_s=0
+            )
+        if not self.state.is_terminal():
+            self.state = RunState.LOST if not final.exits else self.state
+        self.snapshot = final
+        self._save(state=self.state, finished_at=time.time(), reason=self.reason)
+        self.events.emit("finished", state=str(self.state), **({"reason": self.reason} if self.reason else {}))
+
+    # -- the whole run --------------------------------------------------------------------------------------------
+
+    def execute(self, detach: bool) -> Outcome:
+        hurry.clear()
+        self.events.emit("submitted", backend=self.plan.backend, spec=self.plan.spec_path)
+        left_running = False
+        try:
+            with signals_raise(), RunnerHeartbeat(self.storage):
+                while True:
+                    handle = self.provision()
+                    if detach:
+                        left_running, self.state = True, RunState.STARTING
+                        return Outcome(self.record, self.state, None, detached=True)
+                    self.say("following the run; Ctrl-C stops it and tears everything down")
+                    verdict, self.snapshot = self.watch(handle)
+                    try:
+                        self.state = self.decide(verdict, self.snapshot, handle)
+                    except _Retry:
+                        self.replace(handle)
+                        continue
+                    break
+        except Interrupted as exc:
+            self.state = RunState.CANCELLED
+            self.say(f"{exc}: stopping the run")
+            self.events.emit("cancel_requested", signal=str(exc))
+        except BackendError as exc:
+            self.state, self.reason = RunState.FAILED, exc.message
+            self.events.emit("provision_failed", error=exc.message)
+            raise
+        finally:
+            try:
+                self.teardown(left_running)
+            except BackendError as exc:
+                # Settled and recorded first, then reported: a machine that could not be deleted is the one thing
+                # the user must hear about, with how to delete it.
+                self.reason = f"{self.reason + '; ' if self.reason else ''}teardown failed: {exc.message}"
+                self.events.emit("teardown_failed", error=exc.message)
+                if not left_running:
+                    self.settle()
+                raise
+            if not left_running:
+                self.settle()
+        return Outcome(self.record, self.state, self.snapshot)
 
 
 def submit(
@@ -165,107 +476,7 @@ def submit(
             "itself once this runner returns",
             hint="drop one of them",
         )
-    storage = open_storage(plan.run_dir)
-    record = start_record(plan, storage)
-    events = EventLog(storage, "runner")
-    events.emit("submitted", backend=plan.backend, spec=plan.spec_path)
-    handle: Handle | None = None
-    state = RunState.PENDING
-    snapshot: Snapshot | None = None
-    poll_s = poll_s or (0.5 if plan.storage_is_local else 2.0)
-    tail = LogTail(storage)
-    seen: set[tuple[float, str, str]] = set()
-    retries = plan.spec.retries
-    preemptions = failures = 0
-    try:
-        with signals_raise(), RunnerHeartbeat(storage):
-            while True:
-                record = records.save(record.updated(state=RunState.PROVISIONING))
-                try:
-                    handle = backend.provision(plan)
-                except Preempted as exc:  # taken back while booting; the backend already deleted it
-                    if preemptions >= retries.preemptions:
-                        raise
-                    preemptions += 1
-                    events.emit("preempted", attempt=preemptions, retry=True, at="boot")
-                    say(f"{exc}: creating it again ({preemptions}/{retries.preemptions})")
-                    continue
-                record = records.save(record.updated(state=RunState.STARTING, handle=handle.to_dict()))
-                storage.write_bytes(contract.RUN_INFO, records.run_info(record))
-                events.emit("provisioned", handle=handle.to_dict())
-                if detach:
-                    state = RunState.STARTING
-                    return Outcome(record, state, None, detached=True)
-                say("following the run; Ctrl-C stops it and tears everything down")
-                snapshot = follow(
-                    storage,
-                    on_output,
-                    num_workers=plan.num_workers,
-                    interval_s=poll_s,
-                    tail=tail,
-                    seen_events=seen,
-                    on_event=lambda e: _show_event(e, say),
-                    machine_gone=_machine_gone(backend, handle, every_s=0 if backend.ephemeral else status_every_s),
-                )
-                if _was_preempted(backend, handle, snapshot, plan.num_workers):
-                    if preemptions >= retries.preemptions:
-                        state = RunState.FAILED
-                        events.emit("preempted", attempt=preemptions + 1, retry=False)
-                        say(f"preempted again, after {preemptions} recreation(s): giving up (retries.preemptions)")
-                        break
-                    preemptions += 1
-                    events.emit("preempted", attempt=preemptions, retry=True)
-                    say(
-                        f"the machine was preempted: recreating it ({preemptions}/{retries.preemptions}); the job "
-                        "resumes from its newest checkpoint"
-                    )
-                    _replace(backend, handle, storage, events, grace_s)
-                    handle = None  # gone, confirmed: nothing for the finally below to tear down
-                    continue
-                state = derive_state(
-                    snapshot, plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
-                )
-                if state == RunState.FAILED and failures < retries.failures:
-                    failures += 1
-                    events.emit("retrying_failure", attempt=failures)
-                    say(f"the job failed: running it again ({failures}/{retries.failures})")
-                    _replace(backend, handle, storage, events, grace_s)
-                    handle = None  # gone, confirmed: nothing for the finally below to tear down
-                    continue
-                break
-    except Interrupted as exc:
-        state = RunState.CANCELLED
-        say(f"{exc}: stopping the run")
-        events.emit("cancel_requested", signal=str(exc))
-    except BackendError as exc:
-        state = RunState.FAILED
-        events.emit("provision_failed", error=str(exc))
-        raise
-    finally:
-        left_running = detach and state == RunState.STARTING  # detached on purpose: the job runs on
-        if handle is not None and not left_running:
-            delete = getattr(backend, "ephemeral", False) or should_delete(
-                plan.spec.teardown.policy, state, plan.attach
-            )
-            with signals_deferred(say):
-                if delete:
-                    t0 = time.time()
-                    events.emit("teardown_requested", state=str(state))
-                    backend.teardown(handle, grace_s=grace_s)
-                    events.emit("teardown_done", seconds=round(time.time() - t0, 2))
-                else:
-                    events.emit("teardown_skipped", policy=plan.spec.teardown.policy, state=str(state))
-        if not left_running:
-            rest = tail.read_new()  # what the job wrote while it was being stopped
-            if rest:
-                on_output(rest)
-            final = read_snapshot(storage)
-            # A state decided above stands (derive_state); one still open is settled by the workers' records.
-            if final.exits:
-                state = derive_state(final, plan.num_workers, state, machine_alive=False, heartbeat_timeout_s=0)
-            if not state.is_terminal():
-                state = RunState.LOST if not final.exits else state
-            snapshot = final
-            record = records.save(record.updated(state=state, finished_at=time.time()))
-            events.emit("finished", state=str(state))
-    return Outcome(record, state, snapshot)
+    run = Run(
+        plan, backend, say=say, on_output=on_output, poll_s=poll_s, grace_s=grace_s, status_every_s=status_every_s
+    )
+    return run.execute(detach)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import catalog, contract, datasets
-from runner.errors import PlanError
-from runner.spec import JobSpec
+from runner.errors import PlanError, UsageError
+from runner.spec import JobSpec, check_storage
 
 RUNS_DIR = "runs"
 # A TPU VM pulls the image itself: it must name a registry (Artifact Registry, gcr.io, Docker Hub...).
@@ -54,6 +54,9 @@ class Plan:
     num_workers: int = 1
     attach: bool = False  # the machine exists already (accelerator.node): never deleted
     cloud: CloudTarget | None = None
+    # Unique to this submit, labelled on what it creates: two runs that end up with the same node name (a retried
+    # create, a collision) can tell their own node from the other's.
+    nonce: str = field(default_factory=lambda: secrets.token_hex(4))
 
     @property
     def storage_is_local(self) -> bool:
@@ -67,18 +70,27 @@ def new_run_id(name: str, now: float | None = None, suffix: str | None = None) -
 
 
 def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
-    url = (override or spec.storage).rstrip("/")
+    """The storage root of a run: `override` (submit --storage) if given, else the spec's `storage:`. An override
+    passes the spec's own validator, so that `--storage gs://` is refused as `storage: gs://` is."""
+    if override is None:
+        url = spec.storage
+    else:
+        try:
+            url = check_storage(override)
+        except ValueError as exc:
+            raise UsageError(f"--storage: {exc}") from None
     if url.startswith("gs://"):
         return url
-    if "://" in url:
-        raise PlanError(f"storage {url!r} must be gs://BUCKET/PREFIX or a local path")
     if cloud:
         raise PlanError(
             f"storage {url!r} is a local path, but a TPU VM can only write its run directory to Cloud Storage",
             hint="set `storage: gs://BUCKET/PREFIX` in the job spec or pass --storage gs://BUCKET/PREFIX; "
             "or run the job on this machine with --local",
         )
-    return str(Path(url).expanduser().absolute())
+    try:
+        return str(Path(url).expanduser().absolute())
+    except RuntimeError:  # '~nobody/runs': pathlib cannot find that user's home
+        raise PlanError(f"storage {url!r}: no home directory for {url.split('/')[0]!r}") from None
 
 
 def job_env(
@@ -99,6 +111,8 @@ def job_env(
     )
     if spec.teardown.runner_heartbeat_timeout:
         env[contract.SUBMITTER_TIMEOUT_S] = str(spec.teardown.runner_heartbeat_timeout)
+    if spec.teardown.hang_timeout:
+        env[contract.HANG_TIMEOUT_S] = str(spec.teardown.hang_timeout)
     if spec.training is not None:
         env[contract.TRAINING] = spec.training.model_dump_json()
     if spec.command is not None:
@@ -214,9 +228,10 @@ def plan_cloud(
     environ: dict[str, str] | None = None,
     now: float | None = None,
     run_suffix: str | None = None,
+    nonce: str | None = None,
 ) -> Plan:
     """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying.
-    `now` and `run_suffix` pin the run id (golden tests)."""
+    `now`, `run_suffix` and `nonce` pin what is otherwise unique to each submit (golden tests)."""
     now = now or time.time()
     run_id = new_run_id(spec.name, now, run_suffix)
     storage_url = resolve_storage(spec, storage, cloud=True)
@@ -247,4 +262,5 @@ def plan_cloud(
         num_workers=workers,
         attach=target.attach_node is not None,
         cloud=target,
+        **({"nonce": nonce} if nonce else {}),
     )

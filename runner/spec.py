@@ -67,6 +67,26 @@ def parse_duration(value: Any) -> Any:
     return value
 
 
+def check_storage(value: str) -> str:
+    """The one check of where run directories go, shared by the spec's `storage:` and `submit --storage` so that
+    both accept and refuse the same values with the same words. Returns the value normalised (gs:// without a
+    trailing '/'); raises ValueError with the message a user sees."""
+    text = value.strip()
+    if not text:
+        raise ValueError("storage is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError(f"{text!r}: storage cannot contain control characters (newline, tab, NUL)")
+    # 'gs:/b', 'gs:' or 'GS://b' are typos of a bucket URL, never a local folder that a user meant to call 'gs:'.
+    if text.lower().startswith("gs:"):
+        url = text.rstrip("/")
+        if not text.startswith("gs://") or not GCS_RE.match(url):
+            raise ValueError(f"{text!r} is not gs://BUCKET[/PREFIX] with a valid bucket name")
+        return url
+    if "://" in text:
+        raise ValueError(f"{text!r}: storage must be gs://BUCKET/PREFIX or a local path")
+    return text
+
+
 class AcceleratorSpec(_Model):
     """Where the job runs on Google Cloud. Ignored by `submit --local` except for reporting."""
 
@@ -140,7 +160,15 @@ class TrainingSpec(_Model):
     )
     learning_rate: float = Field(3e-3, gt=0, le=10, description="Optimizer learning rate.")
     optimizer: Literal["adam", "sgd", "rmsprop"] = Field("adam", description="Optimizer.")
-    checkpoint_every: int = Field(1, ge=1, le=10_000, description="Save a checkpoint every N epochs.")
+    checkpoint_every: int | str = Field(
+        1,
+        description="Save a checkpoint every N epochs (a number), or every so much wall-clock time, mid-epoch if "
+        "need be ('10m', '1h': Google suggests about hourly on long runs). A stop (SIGTERM: preemption, "
+        "`runner down`, Ctrl-C) always saves an exact mid-epoch checkpoint first.",
+    )
+    checkpoint_keep: int = Field(
+        2, ge=1, le=100, description="Keep the newest N checkpoints (locally and in the run directory)."
+    )
     keras: Literal["auto", "keras3", "tf_keras"] = Field(
         "auto",
         description="Keras implementation: keras3, or tf_keras (legacy Keras 2, what Google's TPU CI uses). "
@@ -158,6 +186,35 @@ class TrainingSpec(_Model):
         "(AVX512-BF16, AMX), mixed_float16 on GPUs of compute capability 7.0+, float32 elsewhere.",
     )
 
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _checkpoint_every(cls, value: Any) -> Any:
+        """A whole number counts epochs; a duration ('10m', '1h30m', '90s') is wall-clock time, kept as '<N>s'."""
+        if isinstance(value, bool):
+            raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, int):
+            if not 1 <= value <= 10_000:
+                raise ValueError("checkpoint_every counts epochs: 1 to 10000 (or give a duration like '10m')")
+            return value
+        if isinstance(value, str):
+            seconds = parse_duration(value)
+            if not 10 <= seconds <= 7 * 86_400:
+                raise ValueError("a checkpoint_every duration must be between 10s and 7d")
+            return f"{seconds}s"
+        raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+
+    @property
+    def checkpoint_epochs(self) -> int | None:
+        """Epochs between checkpoints, or None when checkpoints go by wall-clock time."""
+        return self.checkpoint_every if isinstance(self.checkpoint_every, int) else None
+
+    @property
+    def checkpoint_seconds(self) -> float | None:
+        """Seconds between checkpoints, or None when checkpoints go by epochs."""
+        return float(parse_duration(self.checkpoint_every)) if isinstance(self.checkpoint_every, str) else None
+
 
 class TeardownSpec(_Model):
     """When the machine is deleted; the run directory is always kept."""
@@ -174,6 +231,20 @@ class TeardownSpec(_Model):
         description="Stop the job and delete the machine after this long ('45m', '12h', '2d' or seconds).",
     )
 
+    boot_timeout: int = Field(
+        600,
+        ge=10,
+        le=86_400,
+        description="Once the TPU VM is READY, how long its startup script may take to report in ('10m'). A VM "
+        "silent for longer is deleted and created once more, then the run fails with the reason.",
+    )
+    hang_timeout: int | None = Field(
+        None,
+        ge=10,
+        le=7 * 86_400,
+        description="Stop the job, record it as hung and delete the machine when its training step has not "
+        "advanced for this long ('30m'); custom commands count new log output as progress. Off by default.",
+    )
     runner_heartbeat_timeout: int | None = Field(
         None,
         ge=60,
@@ -182,7 +253,9 @@ class TeardownSpec(_Model):
         "this long ('10m'). Off by default, so that a detached run or a closed laptop does not stop training.",
     )
 
-    _parse_durations = field_validator("max_runtime", "runner_heartbeat_timeout", mode="before")(parse_duration)
+    _parse_durations = field_validator(
+        "max_runtime", "boot_timeout", "hang_timeout", "runner_heartbeat_timeout", mode="before"
+    )(parse_duration)
 
 
 class RetrySpec(_Model):
@@ -263,16 +336,7 @@ class JobSpec(_Model):
     @field_validator("storage")
     @classmethod
     def _storage(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("storage is empty")
-        if value.startswith("gs://"):
-            if not GCS_RE.match(value.rstrip("/")):
-                raise ValueError(f"{value!r} is not gs://BUCKET[/PREFIX] with a valid bucket name")
-            return value.rstrip("/")
-        if "://" in value:
-            raise ValueError(f"{value!r}: storage must be gs://BUCKET/PREFIX or a local path")
-        return value
+        return check_storage(value)
 
     @model_validator(mode="after")
     def _one_workload(self) -> JobSpec:

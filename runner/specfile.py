@@ -3,12 +3,16 @@
 Each problem carries its field path, its YAML line and, for an unknown key, the closest known key. YAML features
 that a job spec never needs and that make loading unsafe are rejected before anything is constructed: explicit
 tags (`!!python/object`, custom `!Tag`), anchors and aliases (the "billion laughs" expansion), duplicate keys
-(YAML keeps the last one silently), non-string keys and files over 1 MiB.
+(YAML keeps the last one silently), non-string keys, nesting deeper than a job spec ever goes (PyYAML's composer
+recurses once per level) and files over 1 MiB. A path that is not a regular file (a FIFO, a device, a socket) is
+refused before it is opened for reading, and no read takes more than MAX_SPEC_BYTES + 1 bytes.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -22,6 +26,9 @@ from runner.errors import SpecError
 from runner.spec import PATTERN_MEANINGS, JobSpec
 
 MAX_SPEC_BYTES = 1 << 20
+# The deepest a valid spec goes is 3 (accelerator.zones[0]); 32 leaves room for wrong but honest input and stops
+# `[[[[...` long before PyYAML's composer, our _positions walk or pydantic reach Python's recursion limit.
+MAX_DEPTH = 32
 Loc = tuple[str | int, ...]
 
 
@@ -40,6 +47,10 @@ class _Rejected(Exception):
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses what a job spec never needs, before it is constructed."""
 
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         line = event.start_mark.line + 1
@@ -53,7 +64,13 @@ class _StrictLoader(yaml.SafeLoader):
         explicit = not any(implicit) if isinstance(implicit, tuple) else not implicit
         if tag is not None and explicit:
             raise _Rejected(f"YAML tags ({tag}) are not allowed in a job spec", line)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _Rejected(f"nested more than {MAX_DEPTH} levels deep; a job spec never is", line)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _positions(node: yaml.Node, loc: Loc = ()) -> dict[Loc, _Pos]:
@@ -105,6 +122,8 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, _Pos]]:
         ) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML", [" ".join(str(exc).split())]) from None
+    except RecursionError:  # MAX_DEPTH stops this first; kept for a caller already deep in its own stack
+        raise SpecError(f"{source}: nested too deeply to read; a job spec is a few levels deep") from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -187,6 +206,8 @@ def _describe(error: Any, loc: Loc) -> str:
 def validate_data(data: dict[str, Any], positions: dict[Loc, _Pos], source: str) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
+    except RecursionError:  # data built by a caller, not by parse_yaml (which bounds the depth)
+        raise SpecError(f"{source}: nested too deeply to validate; a job spec is a few levels deep") from None
     except ValidationError as exc:
         problems: list[tuple[int, str]] = []
         for error in exc.errors():
@@ -213,22 +234,70 @@ def load_spec_text(text: str, source: str = "<spec>") -> JobSpec:
     return validate_data(data, positions, source)
 
 
+def shown(path: str | Path) -> str:
+    """A path as a message shows it: quoted when it holds a newline, another control character or an undecodable
+    byte, which would break the one-line error (or make the terminal refuse to print it)."""
+    text = str(path)
+    return text if text.isprintable() else ascii(text)
+
+
+_NOT_REGULAR = [
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+]
+
+
+def _refuse_unless_regular(mode: int, name: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise SpecError(f"{name}: is a directory, not a job spec file")
+    if not stat.S_ISREG(mode):
+        kind = next((what for test, what in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise SpecError(f"{name}: is {kind}, not a job spec file", hint="a job spec is a YAML file")
+
+
+def read_spec_bytes(path: str | Path) -> bytes:
+    """The file's bytes; SpecError if it is not a regular file or is over MAX_SPEC_BYTES.
+
+    The path is checked with stat() before it is opened, because opening has effects of its own on some special
+    files (a FIFO blocks until a writer comes, a device may act on open). It is then opened non-blocking and
+    checked again on the open descriptor, so that a file swapped for a FIFO in between is refused all the same.
+    At most MAX_SPEC_BYTES + 1 bytes are read, whatever its size says: /proc files say 0, a file may grow."""
+    name = shown(path)
+    too_large = SpecError(f"{name}: the file is larger than {MAX_SPEC_BYTES // 1024} KiB; a job spec never is")
+    try:
+        _refuse_unless_regular(os.stat(path).st_mode, name)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise SpecError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise SpecError(f"{name}: cannot be read ({exc.strerror})") from None
+    except ValueError:  # a NUL byte in the path (an API caller: argv cannot hold one)
+        raise SpecError(f"{name}: not a valid file name") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            info = os.fstat(f.fileno())
+            _refuse_unless_regular(info.st_mode, name)
+            if info.st_size > MAX_SPEC_BYTES:
+                raise too_large
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        except OSError as exc:
+            raise SpecError(f"{name}: cannot be read ({exc.strerror})") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise too_large
+    return raw
+
+
 def load_spec(path: str | Path) -> JobSpec:
     """Load and validate a job spec file. Raises SpecError (exit code 2) listing every problem."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a directory, not a job spec file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot be read ({exc.strerror})") from None
+    name = shown(path)
+    raw = read_spec_bytes(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    return load_spec_text(text, str(path))
+        raise SpecError(f"{name}: not UTF-8 text (byte {exc.start})", hint="a job spec is a YAML text file") from None
+    return load_spec_text(text, name)
 
 
 def dump_spec(spec: JobSpec) -> str:

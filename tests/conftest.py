@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,3 +79,29 @@ def tpu_emulator(tmp_path: Path, gcs_server: str) -> Iterator[TpuEmulator]:
         yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture
+def cloud(tpu_emulator: TpuEmulator, gcs: str, monkeypatch: pytest.MonkeyPatch) -> TpuEmulator:
+    """Both emulators, and the runner pointed at them the way a user would: two environment variables."""
+    monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
+    monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    return tpu_emulator
+
+
+@pytest.fixture
+def bucket_url(gcs: str) -> str:
+    return f"gs://runner-test/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def gcs_mnist(gcs: str, mnist_npz: Path) -> str:
+    """Real MNIST in the bucket: on a VM the trainer reads its data from Cloud Storage, like a user's own."""
+    from runner.storage import open_storage
+
+    url = "gs://runner-test/data/mnist.npz"
+    store = open_storage("gs://runner-test/data")
+    if store.read_bytes("mnist.npz", start=len(mnist_npz.read_bytes()) - 1) is None:
+        store.upload_file(mnist_npz, "mnist.npz")
+    return url

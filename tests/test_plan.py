@@ -153,6 +153,7 @@ def test_dry_run_golden() -> None:
         environ=NO_GCLOUD,
         now=1798761600.0,
         run_suffix="abcd",
+        nonce="5eed5eed",
     )
     backend = TpuVmBackend(api=object())  # type: ignore[arg-type]  # a dry run never touches the API
     rows = [("run", p.run_id), ("backend", p.backend), *backend.describe(p), ("run directory", p.run_dir)]

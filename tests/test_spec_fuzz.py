@@ -126,3 +126,22 @@ def test_cli_validate_never_tracebacks(tmp_path: Path, raw: bytes) -> None:
     assert result.exit_code in (0, 2), result.output
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+NESTING_OPENERS = ["[", "{a: ", "- ", "a:\n", "[{a: [", "? "]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(NESTING_OPENERS), min_size=1, max_size=6),
+    st.integers(1, 3_000),
+    st.text(alphabet=YAML_NOISE, max_size=10),
+)
+def test_deep_nesting_is_a_spec_error_never_a_recursion_error(openers: list[str], depth: int, tail: str) -> None:
+    """PyYAML's composer, our position walk and pydantic all recurse per level: any depth must end in a SpecError.
+    Block openers indent as they nest, as YAML wants them to."""
+    parts = []
+    for level in range(depth):
+        opener = openers[level % len(openers)]
+        parts.append(opener.replace("\n", "\n" + " " * (level + 1)) if opener.endswith("\n") else opener)
+    assert_clean("name: x\nimage: i\ntraining: {}\nenv: " + "".join(parts) + tail)

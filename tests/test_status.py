@@ -1,12 +1,53 @@
-"""How a run's state is derived from its exit records, the runner's record and the heartbeat (pure logic)."""
+"""How a run's state is derived from its exit records, the runner's record and the heartbeat (pure logic), and
+how a run directory is read whatever its files hold."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from runner.status import RunState, Snapshot, WorkerExit, derive_state
+from runner import contract
+from runner.artifacts import progress_text, summary_rows
+from runner.events import read_events
+from runner.status import RunState, Snapshot, WorkerExit, derive_state, read_snapshot
+from runner.storage import open_storage
+
+_FILES = [contract.SUMMARY, contract.METRICS, contract.HEARTBEAT, "exit/worker-0.json", "events/worker-0.jsonl"]
+# The fields the readers look for, so that the fuzzer reaches past "missing key" into "wrong type".
+_KEYS = [
+    "worker",
+    "state",
+    "exit_code",
+    "finished_at",
+    "tail",
+    "error",
+    "time",
+    "phase",
+    "source",
+    "event",
+    "epoch",
+    "accuracy",
+    "val_accuracy",
+    "epoch_time_s",
+    "test_accuracy",
+    "test_loss",
+    "strategy",
+    "name",
+    "kind",
+    "versions",
+    "keras",
+    "checkpoint",
+    "epoch_times_s",
+    "examples_per_s",
+    "model",
+    "resumed_from_epoch",
+]
 
 
 def snap(*states: str, heartbeat_age: float | None = None, phase: str = "running") -> Snapshot:
@@ -71,5 +112,44 @@ def test_terminal_states() -> None:
         RunState.FAILED,
         RunState.CANCELLED,
         RunState.TIMED_OUT,
+        RunState.HUNG,
         RunState.LOST,
     }
+
+
+# -- reading a run directory whatever its files hold --------------------------------------------------------------
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=5), inner),
+    max_leaves=8,
+)
+_CONTENT = st.one_of(
+    st.binary(max_size=60),
+    _JSONISH.map(lambda v: json.dumps(v).encode()),
+    st.lists(_JSONISH.map(json.dumps), max_size=4).map(lambda lines: "\n".join(lines).encode()),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(_FILES), _CONTENT)
+def test_any_file_content_reads_as_a_snapshot_or_a_named_problem(key: str, data: bytes) -> None:
+    """Whatever bytes a run file holds, reading and showing the run never raises; a problem names its file."""
+    with tempfile.TemporaryDirectory() as tmp:  # one per example: tmp_path would carry files from one to the next
+        _read_and_show(Path(tmp) / "run", key, data)
+
+
+def _read_and_show(run_dir: Path, key: str, data: bytes) -> None:
+    path = run_dir / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    storage = open_storage(str(run_dir))
+    problems: list[str] = []
+    snapshot = read_snapshot(storage)
+    events = read_events(storage, problems)
+    assert all(str(path) in p for p in [*snapshot.problems, *problems])
+    state(snapshot, recorded=RunState.RUNNING)  # derive_state copes with what read_snapshot kept
+    summary_rows(str(run_dir), RunState.SUCCEEDED, snapshot)
+    for line in snapshot.metrics:
+        progress_text(line)
+    assert all(isinstance(e.time, float) for e in events)

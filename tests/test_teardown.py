@@ -35,7 +35,11 @@ def make_node(api: TpuApi, node_id: str, *, labels: dict[str, str], run_dir: str
         "labels": labels,
         "metadata": {"tpu-runner-run-dir": run_dir} if run_dir else {},
     }
-    api.create_node(PROJECT, ZONE, node_id, body).result(timeout=30)
+    api.create_node(PROJECT, ZONE, node_id, body)
+    deadline = time.monotonic() + 30
+    while (node := api.get_node(PROJECT, ZONE, node_id)) is None or node.state.name != "READY":
+        assert time.monotonic() < deadline, f"{node_id} never became READY"
+        time.sleep(0.1)
 
 
 def run_dir_with(state: dict[str, bytes]) -> str:
@@ -86,9 +90,13 @@ def test_gc_deletes_only_orphans(api: TpuApi, tpu_emulator) -> None:  # type: ig
     assert sorted(n.node_id for n in tpu_emulator.nodes()) == ["someone-elses", "still-training"]
 
 
-def test_gc_without_a_zone_says_what_to_pass(api: TpuApi) -> None:
-    result = CliRunner().invoke(app, ["gc", "--project", PROJECT])
-    assert result.exit_code == 2 and "--zone" in result.output
+def test_gc_without_a_zone_sweeps_every_catalog_zone(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+    make_node(api, "old-run", labels={"managed-by": "tpu-runner", "tpu-runner-deadline": str(int(time.time()) - 5)})
+    result = CliRunner().invoke(app, ["gc", "--project", PROJECT], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "deleted node old-run in us-central1-b" in result.output
+    listed = {r.path.split("/")[5] for r in tpu_emulator.requests if r.method == "GET" and r.path.endswith("/nodes")}
+    assert {"us-central1-b", "europe-west4-a", "us-east1-d"} <= listed
 
 
 def test_down_stops_a_detached_run_and_deletes_its_node(api: TpuApi, tpu_emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

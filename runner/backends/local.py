@@ -6,12 +6,13 @@ strategy resolution inside falls back to GPU or CPU, so the same job runs unchan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from runner import container, contract
-from runner.backends.base import MachineState
+from runner.backends.base import MachineState, handle_from
 from runner.errors import BackendError
 from runner.plan import Plan
 from runner.records import runner_home
@@ -56,7 +57,9 @@ class LocalBackend:
         launch = self.launch_for(plan)
         return [("runs as", launch.reason), ("command", " ".join(launch.argv))]
 
-    def provision(self, plan: Plan) -> LocalHandle:
+    def provision(self, plan: Plan, on_handle: Callable[[LocalHandle], None]) -> LocalHandle:
+        """Start the container or process. Starting is one system call with nothing to leak before it, so the
+        handle is reported right after it."""
         launch = self.launch_for(plan)
         output = runner_home() / "runs" / f"{plan.run_id}.out"
         try:
@@ -64,10 +67,15 @@ class LocalBackend:
         except OSError as exc:
             raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc
         self.procs[proc.pid] = proc
-        return LocalHandle(launch.mode, proc.pid, proc.pid, container.start_ticks(proc.pid), launch.name, str(output))
+        handle = LocalHandle(launch.mode, proc.pid, proc.pid, container.start_ticks(proc.pid), launch.name, str(output))
+        on_handle(handle)
+        return handle
+
+    def console_hint(self, handle: LocalHandle) -> str:
+        return f"the supervisor's own output: {handle.output}"
 
     def handle_from_dict(self, data: dict[str, Any]) -> LocalHandle:
-        return LocalHandle(**data)
+        return handle_from(LocalHandle, data)
 
     def status(self, handle: LocalHandle) -> MachineState:  # type: ignore[override]
         proc = self.procs.get(handle.pid)

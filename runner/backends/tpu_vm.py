@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import shlex
 import subprocess
 import time
@@ -17,10 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runner import bootstrap, container
-from runner.backends.base import MachineState
+from runner.backends.base import MachineState, handle_from
 from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi, explain
-from runner.errors import BackendError, NoCapacity, Preempted
-from runner.interrupts import signals_deferred
+from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted
+from runner.interrupts import hurry, signals_deferred
 from runner.plan import Plan
 from runner.records import runner_home
 
@@ -28,6 +29,7 @@ LABEL_MANAGED = "managed-by"
 LABEL_RUN = "tpu-runner-run"
 LABEL_JOB = "tpu-runner-job"
 LABEL_DEADLINE = "tpu-runner-deadline"
+LABEL_NONCE = "tpu-runner-nonce"  # unique per submit: tells this run's node from another's with the same name
 MANAGED_BY = "tpu-runner"
 JOB_CONTAINER = "tpu-runner-job"  # the container name the bootstrap gives the job
 
@@ -64,15 +66,25 @@ class TpuVmHandle:
     node_id: str
     created: bool  # False when attached to an existing node: never deleted
     ssh_pid: int | None = None  # attach mode: the `gcloud ... ssh` that runs the bootstrap
+    nonce: str | None = None  # the LABEL_NONCE value of a node this run creates
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def node_request(plan: Plan, zone: str) -> dict[str, Any]:
+class _NameTaken(Exception):
+    """A node with this run's node id exists and is not this run's: it gets a new name, never a delete."""
+
+    def __init__(self, node_id: str, owner: str, plan: Plan) -> None:
+        super().__init__(f"TPU node {node_id} exists already (run {owner})")
+        self.new_id = f"{node_id[:58].rstrip('-')}-{secrets.token_hex(2)}"
+
+
+def node_request(plan: Plan, zone: str, node_id: str | None = None) -> dict[str, Any]:
     """The Node resource to create, as JSON: what --dry-run prints is exactly what is sent."""
     cloud = plan.cloud
     assert cloud is not None
+    node_id = node_id or cloud.node_id
     acc = plan.spec.accelerator
     scheduling: dict[str, bool] = {}
     if acc.spot:
@@ -91,8 +103,9 @@ def node_request(plan: Plan, zone: str) -> dict[str, Any]:
             LABEL_RUN: plan.run_id,
             LABEL_JOB: plan.spec.name,
             LABEL_DEADLINE: str(int(plan.deadline)),
+            LABEL_NONCE: plan.nonce,
         },
-        "metadata": {"startup-script": bootstrap.render(plan, zone), "tpu-runner-run-dir": plan.run_dir},
+        "metadata": {"startup-script": bootstrap.render(plan, zone, node_id), "tpu-runner-run-dir": plan.run_dir},
         "schedulingConfig": scheduling,
         "serviceAccount": service_account,
         # As gcloud does by default: the VM reaches Artifact Registry and Cloud Storage without Cloud NAT.
@@ -112,12 +125,14 @@ class TpuVmBackend:
         poll_s: float = 5.0,
         delete_timeout_s: float = 600.0,
         backoff_s: float = 5.0,
+        delete_retries: int = 3,
     ) -> None:
         self.api = api or TpuApi()
         self.say = say
         self.poll_s = poll_s
         self.delete_timeout_s = delete_timeout_s
         self.backoff_s = backoff_s
+        self.delete_retries = delete_retries
 
     # -- plan -------------------------------------------------------------------------------------------------
 
@@ -153,21 +168,32 @@ class TpuVmBackend:
 
     # -- provision --------------------------------------------------------------------------------------------
 
-    def provision(self, plan: Plan) -> TpuVmHandle:
+    def provision(self, plan: Plan, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
         """Create the node in the first zone with capacity, in the spec's order, backing off between attempts
         and cycling through the zones for up to retries.capacity_wait. Quota, permission and request errors stop
-        at once: no other zone fixes those."""
+        at once: no other zone fixes those. `on_handle` gets each node's handle before its create request is sent,
+        so that a runner killed at any moment has recorded what it may have created."""
         cloud = plan.cloud
         assert cloud is not None
         if cloud.attach_node:
-            return self._attach(plan)
+            handle = self._attach(plan)
+            on_handle(handle)
+            return handle
         give_up_at = time.monotonic() + plan.spec.retries.capacity_wait
         backoff = self.backoff_s
+        node_id = cloud.node_id
         last: NoCapacity | None = None
         while True:
             for zone in cloud.zones:
                 try:
-                    return self._create(plan, zone)
+                    try:
+                        return self._create(plan, zone, node_id, on_handle)
+                    except _NameTaken as taken:
+                        self.say(f"{taken}: this run's node is named {taken.new_id} instead")
+                        node_id = taken.new_id
+                        return self._create(plan, zone, node_id, on_handle)
+                except _NameTaken as taken:
+                    raise AlreadyExists(f"{taken}, and so does the new name", hint="submit again") from None
                 except NoCapacity as exc:
                     last = exc
                 if time.monotonic() + backoff > give_up_at and zone == cloud.zones[-1]:
@@ -178,31 +204,53 @@ class TpuVmBackend:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
 
-    def _create(self, plan: Plan, zone: str) -> TpuVmHandle:
+    def _create(self, plan: Plan, zone: str, node_id: str, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
         cloud = plan.cloud
         assert cloud is not None
-        handle = TpuVmHandle(cloud.project, zone, cloud.node_id, created=True)
-        self.say(f"creating TPU node {cloud.node_id} ({cloud.accelerator.name}) in {zone}")
+        handle = TpuVmHandle(cloud.project, zone, node_id, created=True, nonce=plan.nonce)
+        on_handle(handle)
+        self.say(f"creating TPU node {node_id} ({cloud.accelerator.name}) in {zone}")
+        operation: str | None = None
         try:
-            operation = self.api.create_node(cloud.project, zone, cloud.node_id, node_request(plan, zone))
+            operation = self.api.create_node(cloud.project, zone, node_id, node_request(plan, zone, node_id))
+        except AlreadyExists:
+            # Ours when a retried request finds what its first try created; anyone else's is never touched.
+            node = self.api.get_node(cloud.project, zone, node_id)
+            if node is None or not self._ours(node, handle):
+                owner = dict(node.labels).get(LABEL_RUN, "not a tpu-runner node") if node is not None else "gone"
+                raise _NameTaken(node_id, owner, plan) from None
+        except BaseException:
+            # The request may have gone through before the error (a dropped answer, Ctrl-C): whatever of ours
+            # exists is deleted; a node that is not ours is left alone.
+            self._discard(handle)
+            raise
+        try:
             self._wait_ready(handle, operation, deadline=plan.deadline)
             return handle
         except BaseException:
-            # A stockout, an error, Ctrl-C or a bug while creating: whatever was asked for is deleted.
             self._discard(handle)
             raise
 
-    def _wait_ready(self, handle: TpuVmHandle, operation: Any, *, deadline: float) -> None:
+    @staticmethod
+    def _ours(node: Any, handle: TpuVmHandle) -> bool:
+        labels = dict(node.labels)
+        return labels.get(LABEL_MANAGED) == MANAGED_BY and labels.get(LABEL_NONCE) == handle.nonce
+
+    def _wait_ready(self, handle: TpuVmHandle, operation: str | None, *, deadline: float) -> None:
         """Until the create operation is done and the node READY, showing each state; polls every second at first,
-        then every poll_s (a TPU VM takes a minute or more to create)."""
+        then every poll_s (a TPU VM takes a minute or more to create). The operation is read for its outcome (a
+        stockout or a refusal is only told there); the node for its state."""
         t0 = time.monotonic()
         last = None
+        done = operation is None
         while True:
-            done = operation.done()
-            if done and (error := operation.exception()) is not None:
-                raise explain(
-                    error, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
-                ) from error
+            if not done and operation is not None:
+                op = self.api.get_operation(operation, project=handle.project, zone=handle.zone)
+                done = op.done
+                if op.failure is not None:
+                    raise explain(
+                        op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
+                    )
             node = self.api.get_node(handle.project, handle.zone, handle.node_id)
             state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
             if state != last:
@@ -216,8 +264,8 @@ class TpuVmBackend:
                     f"node {handle.node_id} was {state} as soon as it was created",
                     hint="Spot capacity is short here: list more zones, or drop accelerator.spot",
                 )
-            if state == "STOPPED":
-                raise BackendError(f"node {handle.node_id} went STOPPED while being created")
+            if state in ("STOPPED", "STOPPING"):
+                raise BackendError(f"node {handle.node_id} went {state} while being created")
             if time.time() > deadline:
                 # A slow create is waited for, not failed: only the run's own deadline (max_runtime) ends the wait.
                 raise BackendError(
@@ -227,11 +275,17 @@ class TpuVmBackend:
             time.sleep(min(self.poll_s, 1.0 + (time.monotonic() - t0) / 10))
 
     def _discard(self, handle: TpuVmHandle) -> None:
+        """Delete what this attempt created, and only that: a node carrying this run's nonce."""
         try:
             with signals_deferred(self.say):  # a second Ctrl-C must not leave the half-created node behind
-                self._delete(handle, announce=False)
+                node = self.api.get_node(handle.project, handle.zone, handle.node_id)
+                if node is not None and self._ours(node, handle):
+                    self._delete(handle, announce=False)
         except BackendError as exc:
-            self.say(f"warning: could not delete {handle.node_id} in {handle.zone}: {exc}; `runner gc` will find it")
+            self.say(
+                f"warning: could not make sure {handle.node_id} in {handle.zone} is deleted: {exc}; "
+                "`runner down RUN` or `runner gc` will"
+            )
 
     # -- attach -----------------------------------------------------------------------------------------------
 
@@ -290,7 +344,7 @@ class TpuVmBackend:
     # -- watch / teardown -------------------------------------------------------------------------------------
 
     def handle_from_dict(self, data: dict[str, Any]) -> TpuVmHandle:
-        return TpuVmHandle(**data)
+        return handle_from(TpuVmHandle, data)
 
     def status(self, handle: TpuVmHandle) -> MachineState:  # type: ignore[override]
         state = machine_state(self.api.get_node(handle.project, handle.zone, handle.node_id))
@@ -299,28 +353,85 @@ class TpuVmBackend:
             return MachineState.RUNNING if container.process_alive(handle.ssh_pid) else MachineState.GONE
         return state
 
+    def console_hint(self, handle: TpuVmHandle) -> str:
+        """Where to read what a VM did at boot: its startup-script's journal (google-startup-scripts.service)."""
+        return (
+            f"gcloud compute tpus tpu-vm ssh {handle.node_id} --zone={handle.zone} --project={handle.project} "
+            "--worker=all --command='sudo journalctl -u google-startup-scripts.service --no-pager | tail -50'"
+        )
+
     def teardown(self, handle: TpuVmHandle, *, grace_s: float = 30.0) -> None:  # type: ignore[override]
-        """Delete the node and confirm it is gone (whoever deleted it: this call, or its VM when the job ended)."""
+        """Delete the node and confirm it is gone (whoever deleted it: this call, or its VM when the job ended).
+        A second Ctrl-C while waiting for the confirmation stops the wait (the delete request stands)."""
         if not handle.created:
             self._stop_attached(handle, grace_s)
             return
         self._delete(handle, announce=True)
 
-    def _delete(self, handle: TpuVmHandle, *, announce: bool) -> None:
+    def _delete(self, handle: TpuVmHandle, *, announce: bool) -> bool:
+        """Request the deletion, read its operation, and wait until the node is gone. A failed delete operation
+        is requested again (up to delete_retries) when the failure is transient, else reported at once. A node
+        found DELETING by someone else's request (its VM's own) is watched, and deleted again if that deletion
+        fails and the node comes back. Returns False when a second interrupt cut the wait short, after saying what
+        is left and how to delete it."""
         t0 = time.monotonic()
-        requested = self.api.delete_node(handle.project, handle.zone, handle.node_id)
-        if requested and announce:
-            self.say(f"deleting TPU node {handle.node_id}")
-        while self.api.get_node(handle.project, handle.zone, handle.node_id) is not None:
+        where = dict(project=handle.project, zone=handle.zone)
+        operation: str | None = None
+        attempts = 0
+        announced = False
+        while True:
+            node = self.api.get_node(handle.project, handle.zone, handle.node_id)
+            if node is None:
+                break
+            if operation is None and node.state.name != "DELETING":
+                if attempts > self.delete_retries:
+                    raise BackendError(
+                        f"node {handle.node_id} came back {node.state.name} after {attempts} deletion(s)",
+                        hint=self._delete_hint(handle),
+                    )
+                attempts += 1
+                operation = self.api.delete_node(handle.project, handle.zone, handle.node_id)
+                if announce and not announced:
+                    self.say(f"deleting TPU node {handle.node_id}")
+                    announced = True
+            elif operation is None and not announced:
+                self.say(f"TPU node {handle.node_id} is being deleted already")
+                announced = True
+            if operation is not None:
+                op = self.api.get_operation(operation, **where)
+                if op.failure is not None:
+                    error = explain(op.failure, f"delete TPU node {handle.node_id}", **where)
+                    if not op.failure.transient or attempts > self.delete_retries:
+                        raise BackendError(
+                            f"{error.message}; the node is still there", hint=self._delete_hint(handle)
+                        ) from error
+                    self.say(f"deleting {handle.node_id} failed ({op.failure.code}); asking again")
+                    operation = None  # the next round asks again, once the node is out of DELETING
+                elif op.done:
+                    operation = None  # the API says deleted; the node read confirms it
+            if hurry.is_set():
+                self.say(
+                    f"stopped waiting: TPU node {handle.node_id} in {handle.zone} is being deleted but may still "
+                    f"bill until it is gone. Check: gcloud compute tpus tpu-vm describe {handle.node_id} "
+                    f"--zone={handle.zone}; {self._delete_hint(handle)} (or `runner gc`)"
+                )
+                return False
             if time.monotonic() - t0 > self.delete_timeout_s:
                 raise BackendError(
                     f"node {handle.node_id} still exists {self.delete_timeout_s:.0f}s after its deletion was requested",
-                    hint="check it in the console; `runner gc` retries",
+                    hint=self._delete_hint(handle),
                 )
             time.sleep(min(self.poll_s, 2.0))
         if announce:
-            by = f"{time.monotonic() - t0:.0f}s" if requested else "its VM deleted it when the job ended"
-            self.say(f"TPU node {handle.node_id} is gone ({by})")
+            self.say(f"TPU node {handle.node_id} is gone ({time.monotonic() - t0:.0f}s)")
+        return True
+
+    @staticmethod
+    def _delete_hint(handle: TpuVmHandle) -> str:
+        return (
+            f"delete it yourself: gcloud compute tpus tpu-vm delete {handle.node_id} --zone={handle.zone} "
+            f"--project={handle.project}"
+        )
 
     def _stop_attached(self, handle: TpuVmHandle, grace_s: float) -> None:
         if handle.ssh_pid and container.process_alive(handle.ssh_pid):

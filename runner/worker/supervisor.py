@@ -5,7 +5,8 @@ One supervisor runs on each worker (each TPU VM host, or the one local process).
   * starts the job (the built-in trainer, or the spec's custom command) with the contract's environment,
   * tees the job's output to the terminal (docker logs) and to logs/worker-N.log,
   * writes the heartbeat while the job lives and mirrors the output directory to storage,
-  * stops the job on SIGTERM/SIGINT (docker stop, preemption notice, the runner) or when max_runtime passes,
+  * stops the job on SIGTERM/SIGINT (docker stop, preemption notice, the runner), when max_runtime passes, or
+    when the job's progress has not advanced for teardown.hang_timeout (opt-in: a wedged collective),
   * records the terminal state in exit/worker-N.json, then pushes everything one last time.
 
 It imports neither TensorFlow nor anything heavy, so it is up in well under a second and can outlive a job
@@ -31,7 +32,7 @@ from runner import contract
 from runner.events import EventLog, now
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
-from runner.worker.mirror import Mirror
+from runner.worker.mirror import Mirror, checkpoint_keep
 
 TAIL_LINES = 30
 # Like timeout(1): the job was stopped by a safety net (max_runtime, a lost runner), not by its own failure. The
@@ -62,6 +63,8 @@ class Supervisor:
         self.max_runtime_s = float(max_runtime) if max_runtime else None
         submitter = environ.get(contract.SUBMITTER_TIMEOUT_S)
         self.submitter_timeout_s = float(submitter) if submitter else None
+        hang = environ.get(contract.HANG_TIMEOUT_S)
+        self.hang_timeout_s = float(hang) if hang else None
         self.deadline = float(environ[contract.DEADLINE]) if environ.get(contract.DEADLINE) else None
         self.storage: Storage = open_storage(self.run_dir)
         if self.storage.is_local:
@@ -70,7 +73,7 @@ class Supervisor:
         else:
             run_id = environ.get(contract.RUN_ID, "run")
             self.output = Path(environ.get(contract.OUTPUT_DIR) or Path(tempfile.gettempdir()) / "runner" / run_id)
-            self.mirror = Mirror(self.output, self.storage)
+            self.mirror = Mirror(self.output, self.storage, keep=checkpoint_keep(environ))
         self.output.mkdir(parents=True, exist_ok=True)
         self.local = LocalStorage(self.output)
         self.stop_reason: str | None = None
@@ -80,6 +83,10 @@ class Supervisor:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
         self._done = threading.Event()
+        # Progress: the trainer's step (progress.json), or for a command that writes none, its output so far.
+        self._output_bytes = 0
+        self._progress: tuple[object, ...] | None = None
+        self.progress_at = time.time()
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -101,6 +108,7 @@ class Supervisor:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 log.write(chunk)
                 log.flush()
+                self._output_bytes += len(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
                 partial += chunk
@@ -111,9 +119,28 @@ class Supervisor:
 
     # -- periodic work ------------------------------------------------------------------------------------------
 
+    def progress(self) -> dict[str, object] | None:
+        """What the job reports of its progress (progress.json), and when it last advanced. A job that writes no
+        progress file (a custom command) advances while it writes output."""
+        try:
+            raw = json.loads((self.output / contract.PROGRESS).read_text())
+            reported = raw if isinstance(raw, dict) else None
+        except (OSError, ValueError):
+            reported = None
+        marker: tuple[object, ...] = (
+            # Validation steps count too: a long evaluation is progress, not a hang.
+            tuple(reported.get(k) for k in ("global_step", "epoch", "step", "phase", "validation_step"))
+            if reported
+            else ("output", self._output_bytes)
+        )
+        if marker != self._progress:
+            self._progress, self.progress_at = marker, time.time()
+        return reported
+
     def heartbeat(self, phase: str) -> None:
         if self.worker != 0:
             return
+        reported = self.progress()
         beat = {
             "time": now(),
             "worker": self.worker,
@@ -121,6 +148,8 @@ class Supervisor:
             "phase": phase,
             "host": socket.gethostname(),
             "uptime_s": round(time.time() - self.started, 1),
+            "progress": reported,
+            "progress_at": round(self.progress_at, 3),
         }
         self.local.write_bytes(contract.HEARTBEAT, json.dumps(beat).encode())
 
@@ -153,7 +182,8 @@ class Supervisor:
 
     def _check_safety_nets(self) -> None:
         """max_runtime (from this start, and the run's absolute deadline across restarts) and, when the run asked
-        for it, the submitting runner's heartbeat. Either stops the job; the bootstrap then deletes the VM."""
+        for them, progress (hang_timeout) and the submitting runner's heartbeat. Each stops the job with exit code
+        124; the bootstrap then deletes the VM."""
         now_s = time.time()
         if self.max_runtime_s and now_s > self.started + self.max_runtime_s:
             self.stop_reason = "timed_out"
@@ -161,7 +191,17 @@ class Supervisor:
         elif self.deadline and now_s > self.deadline:
             self.stop_reason = "timed_out"
             self.safety_stop = "max_runtime passed, counted from the submit (across restarts)"
-        elif self.submitter_timeout_s and now_s - self._last_submitter_check >= min(15.0, self.submitter_timeout_s / 4):
+        elif self.hang_timeout_s:
+            self.progress()
+            if now_s - self.progress_at > self.hang_timeout_s:
+                self.stop_reason = "hung"
+                step = f" (step {self._progress[0]})" if self._progress and self._progress[0] != "output" else ""
+                self.safety_stop = f"no progress for {now_s - self.progress_at:.0f}s{step}: hang_timeout passed"
+        if (
+            not self.safety_stop
+            and self.submitter_timeout_s
+            and now_s - self._last_submitter_check >= min(15.0, self.submitter_timeout_s / 4)
+        ):
             self._last_submitter_check = now_s
             try:
                 raw = self.storage.read_bytes(contract.RUNNER_HEARTBEAT)

@@ -1,0 +1,46 @@
+"""Jobs on the two emulators, driven the way a user drives them: helpers shared by the TPU VM test files (their
+fixtures, `cloud`, `bucket_url` and `gcs_mnist`, are in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from runner.cli import app
+from runner.storage import open_storage
+
+IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
+
+
+def job(tmp_path: Path, bucket_url: str, body: str, name: str = "e2e", accelerator: str = "") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: {name}
+        image: {IMAGE}
+        accelerator: {{type: v2-8, zones: [us-central1-b, us-central1-c], project: test-project{accelerator}}}
+        storage: {bucket_url}
+        """)
+        + textwrap.dedent(body)
+    )
+    return path
+
+
+def submit(*args: str) -> Any:
+    return CliRunner().invoke(app, ["submit", *args], catch_exceptions=False)
+
+
+def run_id_of(output: str) -> str:
+    return next(line.split()[1] for line in output.splitlines() if line.startswith("Run "))
+
+
+def events(run_dir: str) -> list[dict[str, Any]]:
+    store = open_storage(run_dir)
+    out = []
+    for info in store.list("events/"):
+        out += [json.loads(line) for line in (store.read_bytes(info.key) or b"").splitlines()]
+    return sorted(out, key=lambda e: e["time"])
