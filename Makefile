@@ -52,9 +52,10 @@ bench-speedup: data  ## our trainer vs the notebook's plain model.fit at batch 1
 cli-bench: $(STAMP)  ## cold start of `runner --help` and `runner validate` next to the libraries' import cost
 	$(PY) scripts/bench_cli.py
 
-lint: $(STAMP) lint-docker  ## ruff, hadolint, shellcheck
-	$(VENV)/bin/ruff check runner tests faults infra docker scripts
-	$(VENV)/bin/ruff format --check runner tests faults infra docker scripts
+lint: $(STAMP) lint-docker  ## ruff, mypy, hadolint, shellcheck
+	$(VENV)/bin/ruff check runner tpu_emulator tests faults infra docker scripts
+	$(VENV)/bin/ruff format --check runner tpu_emulator tests faults infra docker scripts
+	$(VENV)/bin/mypy runner tpu_emulator faults
 
 schema: $(STAMP)  ## write runner.schema.json (editor completion for job files)
 	$(RUNNER) schema > runner.schema.json

@@ -89,7 +89,7 @@ def _training_with_checkpoints(ctx: Ctx, count: int) -> str | None:
     return ctx.ready_node() if len(ctx.checkpoints()) >= count else None
 
 
-def preempt_then_while_recreating(damage: Callable[[Ctx], None], *, min_checkpoints: int = 2) -> Hook:
+def preempt_then_while_recreating(damage: Callable[[Ctx], object], *, min_checkpoints: int = 2) -> Hook:
     """Preempt once the bucket holds `min_checkpoints` checkpoints (keep: 2, so one older than the newest survives
     whatever the stop saves); make the recreated node's CREATING last 15 s, and `damage` the bucket in that window:
     the old VM is gone (the runner deleted it before creating anew), the new one has not pulled anything yet."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from faults.context import Ctx
 from faults.measure import node_deletes, node_lifetimes
@@ -67,7 +68,7 @@ def same_training_as_uninterrupted(ctx: Ctx, result: RunResult) -> None:
     """The resumed run took exactly the optimizer steps of an uninterrupted one, resumed mid-epoch, lost no step,
     and ends within noise of the uninterrupted run's accuracy (ctx.reference: the same job run first)."""
     summary = summary_steps(ctx, result)
-    resumed = summary.get("resumed_from") or {}
+    resumed: Any = summary.get("resumed_from") or {}
     if not isinstance(resumed, dict) or not resumed.get("step"):
         result.problems.append(f"the resume was not mid-epoch: summary.json resumed_from {resumed}")
     lost = [s for s in result.steps_lost or [] if s.steps or not s.exact]

@@ -20,8 +20,8 @@ from runner.train.checkpoints import Position, parse_name
 
 if TYPE_CHECKING:
     from faults.scenario import Scenario
-    from runner.emulator import TpuEmulator
-    from runner.emulator.flaky_proxy import FlakyProxy
+    from tpu_emulator import TpuEmulator
+    from tpu_emulator.flaky_proxy import FlakyProxy
 
 
 class Ctx:

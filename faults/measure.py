@@ -1,7 +1,7 @@
 """What a run cost, from what it left behind: pure functions over logs, events and the emulator's request log.
 
 Nothing here touches a process, a socket or a clock, so each is unit-tested on hand-made inputs
-(tests/test_faults.py). The suite (faults/suite.py) gathers the inputs while a case runs.
+(tests/faults/test_faults.py). The suite (faults/suite.py) gathers the inputs while a case runs.
 
 Where the trainer leaves structured data (summary.json, checkpoints/latest.json, progress.json, events) the suite
 reads that. What only the log says is parsed here: each start of the trainer and what it resumed from, which

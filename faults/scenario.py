@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 PROJECT = "test-project"
 ZONES = ("us-central1-b", "us-central1-c")
-THIRD_ZONE = "europe-west4-a"  # also offers v2-8 (runner/data/tpu_catalog.yaml)
+THIRD_ZONE = "europe-west4-a"  # also offers v2-8 (runner/plan/tpu_catalog.yaml)
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a registry check that cannot tell
 
-Hook = Callable[["Ctx"], None]
+Hook = Callable[["Ctx"], object]  # what a hook returns (a fault it added, say) is not used
 Check = Callable[["Ctx", "RunResult"], None]
 
 HELLO = ("python", "-c", "print('hello from the VM', flush=True)")
@@ -81,7 +81,7 @@ class Scenario:
     during: tuple[Hook, ...] = ()  # each in a thread while the runner lives
     after: tuple[Hook, ...] = ()  # once the runner has exited: what finishes the case (`runner down`, gc, a VM alone)
     checks: tuple[Check, ...] = ()  # the case's own expectations, on the measured result
-    fast: bool = False  # a few seconds: run by `make test` (tests/test_faults.py)
+    fast: bool = False  # a few seconds: run by `make test` (tests/faults/test_faults.py)
     timeout_s: float = 420.0  # for the runner to exit
     gcs_faults: int = 0  # 503s the flaky proxy answers to the first uploads of each checkpoint object
     proxy: bool = False  # the VMs reach Cloud Storage through a FlakyProxy (ctx.proxy) even without gcs_faults

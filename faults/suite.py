@@ -86,8 +86,10 @@ class Suite:
         mnist: Path | None = None,
         say: Callable[[str], None] = print,
         vm_grace_s: float = 10.0,
+        timings: str | None = None,
     ) -> None:
         self.workdir = Path(workdir).absolute()
+        self.timings = timings  # $RUNNER_TIMINGS for the runner; None: production polls (the honest idle figures)
         self.bucket = bucket
         self.say = say
         self.vm_grace_s = vm_grace_s
@@ -146,6 +148,8 @@ class Suite:
             PYTHONUNBUFFERED="1",
             PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         )
+        if self.timings:
+            env["RUNNER_TIMINGS"] = self.timings
         return env
 
     # -- one run ----------------------------------------------------------------------------------------------------
@@ -167,8 +171,8 @@ class Suite:
         return self._run(case, index, reference)
 
     def _run(self, case: Scenario, index: int, reference: dict[str, Any] | None = None) -> RunResult:
-        from runner.emulator import TpuEmulator
-        from runner.emulator.flaky_proxy import FlakyProxy
+        from tpu_emulator import TpuEmulator
+        from tpu_emulator.flaky_proxy import FlakyProxy
 
         t0 = time.time()
         where = self.workdir / f"{case.name}-{index}"
@@ -255,7 +259,7 @@ class Suite:
         store = ctx.storage()
         if store is None:
             return [], ""
-        from runner.events import read_events
+        from runner.watch.events import read_events
 
         run_events = [{"time": e.time, "source": e.source, "event": e.event, **e.fields} for e in read_events(store)]
         log = (store.read_bytes("logs/worker-0.log") or b"").decode(errors="replace")
@@ -340,7 +344,7 @@ class Suite:
         manifest = ctx.final_manifest or {}
         listed = [str(c.get("file")) for c in manifest.get("checkpoints") or [] if isinstance(c, dict)]
         have = {key.rsplit("/", 1)[-1] for key in ctx.checkpoints().values()}
-        manifest_ok = all(name in have for name in listed or [manifest.get("path")] if name)
+        manifest_ok = all(name in have for name in listed or [str(manifest.get("path") or "")] if name)
         final_epoch = ctx.manifest_epoch() if result.got == "succeeded" else None
         result.checkpoints_lost = checkpoints_lost(
             ctx.attempts,

@@ -22,14 +22,14 @@ SHELL_SCRIPTS = $(shell find . $(PRUNE) -o -type f -name '*.sh' -print)
 .PHONY: image push image-ref image-lock lint-docker gcp-setup gcp-setup-dry-run
 
 image: $(STAMP)  ## build the trainer image (VARIANT=cpu|gpu|tpu) tagged by content
-	$(PY) -m runner.image $(IMAGE_ARGS)
+	$(RUNNER) build $(IMAGE_ARGS)
 
 push: $(STAMP)  ## build if needed and push to Artifact Registry (PROJECT, REGION, REPO)
 	@test -n "$(PROJECT)" || { echo "make push needs PROJECT=... (or gcloud config set project)" >&2; exit 2; }
-	$(PY) -m runner.image $(IMAGE_ARGS) --push
+	$(RUNNER) build $(IMAGE_ARGS) --push
 
 image-ref: $(STAMP)  ## print the image reference for this code (no Docker needed)
-	@$(PY) -m runner.image $(IMAGE_ARGS) --print-ref
+	@$(RUNNER) build $(IMAGE_ARGS) --print-ref
 
 image-lock: $(STAMP)  ## re-resolve docker/constraints.txt (all variants) after a dependency change
 	$(PY) docker/requirements.py lock

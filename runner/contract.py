@@ -49,6 +49,11 @@ GRACE_S = "RUNNER_GRACE_S"
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
 
+# Shared by the runner, the supervisor and the bootstrap (which gets them in its rendered values block).
+EXIT_SAFETY_STOP = 124  # like timeout(1): a safety net stopped the job (max_runtime, hang, lost runner), not itself
+JOB_CONTAINER = "tpu-runner-job"  # the name the bootstrap gives the job's container on a TPU VM
+RUN_DIR_METADATA = "tpu-runner-run-dir"  # the node metadata key naming its run directory (for `runner gc`)
+
 # Run-directory layout (relative keys, '/'-separated on every storage).
 SPEC = "spec.yaml"
 RUN_INFO = "run.json"

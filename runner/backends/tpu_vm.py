@@ -1,6 +1,6 @@
 """The Cloud TPU VM backend: create a node whose startup script runs the job's container, watch it, delete it.
 
-Launch is part of provisioning: the rendered bootstrap (infra/startup-script.sh) travels as the node's
+Launch is part of provisioning: the rendered bootstrap (runner/launch/startup-script.sh) travels as the node's
 `startup-script` metadata and runs on every worker at boot. Attach mode runs the same script on an existing node
 over `gcloud compute tpus tpu-vm ssh --worker=all` and never deletes that node.
 """
@@ -17,13 +17,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from runner import bootstrap, container
-from runner.backends.base import MachineState, handle_from
+from runner import contract
+from runner.backends import container
+from runner.backends.base import Backend, MachineState, handle_from
 from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi, explain
 from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted
-from runner.interrupts import hurry, signals_deferred
-from runner.plan import Plan
-from runner.records import runner_home
+from runner.launch import bootstrap
+from runner.plan.planner import Plan
+from runner.teardown.interrupts import hurry, signals_deferred
+from runner.timings import Timings
+from runner.watch.runs import runner_home
 
 LABEL_MANAGED = "managed-by"
 LABEL_RUN = "tpu-runner-run"
@@ -31,7 +34,6 @@ LABEL_JOB = "tpu-runner-job"
 LABEL_DEADLINE = "tpu-runner-deadline"
 LABEL_NONCE = "tpu-runner-nonce"  # unique per submit: tells this run's node from another's with the same name
 MANAGED_BY = "tpu-runner"
-JOB_CONTAINER = "tpu-runner-job"  # the container name the bootstrap gives the job
 
 # Node.State -> MachineState: what is there to pay for, and whether it can still run the job.
 _STATES = {
@@ -105,7 +107,7 @@ def node_request(plan: Plan, zone: str, node_id: str | None = None) -> dict[str,
             LABEL_DEADLINE: str(int(plan.deadline)),
             LABEL_NONCE: plan.nonce,
         },
-        "metadata": {"startup-script": bootstrap.render(plan, zone, node_id), "tpu-runner-run-dir": plan.run_dir},
+        "metadata": {"startup-script": bootstrap.render(plan, zone, node_id), contract.RUN_DIR_METADATA: plan.run_dir},
         "schedulingConfig": scheduling,
         "serviceAccount": service_account,
         # As gcloud does by default: the VM reaches Artifact Registry and Cloud Storage without Cloud NAT.
@@ -113,7 +115,7 @@ def node_request(plan: Plan, zone: str, node_id: str | None = None) -> dict[str,
     }
 
 
-class TpuVmBackend:
+class TpuVmBackend(Backend[TpuVmHandle]):
     name = "tpu-vm"
     ephemeral = False
 
@@ -122,16 +124,16 @@ class TpuVmBackend:
         api: TpuApi | None = None,
         *,
         say: Callable[[str], None] = print,
-        poll_s: float = 5.0,
+        timings: Timings | None = None,
         delete_timeout_s: float = 600.0,
-        backoff_s: float = 5.0,
         delete_retries: int = 3,
     ) -> None:
-        self.api = api or TpuApi()
+        timings = timings or Timings()
+        self.api = api or TpuApi(timings=timings)
         self.say = say
-        self.poll_s = poll_s
+        self.poll_s = timings.api_poll_s
+        self.backoff_s = timings.api_backoff_s
         self.delete_timeout_s = delete_timeout_s
-        self.backoff_s = backoff_s
         self.delete_retries = delete_retries
 
     # -- plan -------------------------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ class TpuVmBackend:
         acc = plan.spec.accelerator
         kind = "Spot" if acc.spot else "reserved" if acc.reserved else "on-demand"
         hours = plan.spec.teardown.max_runtime / 3600
-        from runner import catalog
+        from runner.plan import catalog
 
         prices = catalog.prices_info()
         rows = [
@@ -165,6 +167,28 @@ class TpuVmBackend:
             )
         rows.append(("teardown", "never (attached node)" if cloud.attach_node else plan.spec.teardown.policy))
         return rows
+
+    def dry_run(self, plan: Plan) -> str:
+        """The exact create request (or, attached, what runs over ssh) and the startup script it carries."""
+        cloud = plan.cloud
+        assert cloud is not None
+        zone = cloud.zones[0]
+        body = node_request(plan, zone)
+        if plan.attach:
+            parts = [
+                f"Attach: run the startup script below on every worker of {cloud.node_id} over "
+                "`gcloud compute tpus tpu-vm ssh --worker=all`; the node is never deleted."
+            ]
+        else:
+            parts = [
+                f"Request: POST /v2/projects/{cloud.project}/locations/{zone}/nodes?nodeId={cloud.node_id}",
+                dumps_request(body),
+            ]
+        parts += [
+            "\nstartup-script (runs as root on every worker at boot):",
+            body["metadata"]["startup-script"].rstrip(),
+        ]
+        return "\n".join(parts)
 
     # -- provision --------------------------------------------------------------------------------------------
 
@@ -346,7 +370,7 @@ class TpuVmBackend:
     def handle_from_dict(self, data: dict[str, Any]) -> TpuVmHandle:
         return handle_from(TpuVmHandle, data)
 
-    def status(self, handle: TpuVmHandle) -> MachineState:  # type: ignore[override]
+    def status(self, handle: TpuVmHandle) -> MachineState:
         state = machine_state(self.api.get_node(handle.project, handle.zone, handle.node_id))
         if not handle.created and state == MachineState.RUNNING and handle.ssh_pid:
             # Attached: the node stays; the job is over when the ssh session that ran it is.
@@ -360,20 +384,21 @@ class TpuVmBackend:
             "--worker=all --command='sudo journalctl -u google-startup-scripts.service --no-pager | tail -50'"
         )
 
-    def teardown(self, handle: TpuVmHandle, *, grace_s: float = 30.0) -> None:  # type: ignore[override]
+    def teardown(self, handle: TpuVmHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
         """Delete the node and confirm it is gone (whoever deleted it: this call, or its VM when the job ended).
         A second Ctrl-C while waiting for the confirmation stops the wait (the delete request stands)."""
         if not handle.created:
             self._stop_attached(handle, grace_s)
-            return
-        self._delete(handle, announce=True)
+            return True
+        return self._delete(handle, announce=True, wait_s=wait_s)
 
-    def _delete(self, handle: TpuVmHandle, *, announce: bool) -> bool:
+    def _delete(self, handle: TpuVmHandle, *, announce: bool, wait_s: float | None = None) -> bool:
         """Request the deletion, read its operation, and wait until the node is gone. A failed delete operation
         is requested again (up to delete_retries) when the failure is transient, else reported at once. A node
         found DELETING by someone else's request (its VM's own) is watched, and deleted again if that deletion
-        fails and the node comes back. Returns False when a second interrupt cut the wait short, after saying what
-        is left and how to delete it."""
+        fails and the node comes back. Returns False when the node is still there after wait_s (default
+        delete_timeout_s) or a second interrupt cut the wait short, after saying what is left and how to delete it."""
+        wait_s = self.delete_timeout_s if wait_s is None else wait_s
         t0 = time.monotonic()
         where = dict(project=handle.project, zone=handle.zone)
         operation: str | None = None
@@ -409,18 +434,15 @@ class TpuVmBackend:
                     operation = None  # the next round asks again, once the node is out of DELETING
                 elif op.done:
                     operation = None  # the API says deleted; the node read confirms it
-            if hurry.is_set():
+            waited = time.monotonic() - t0
+            if hurry.is_set() or waited > wait_s:
+                why = "stopped waiting" if hurry.is_set() else f"still there after {waited:.0f}s"
                 self.say(
-                    f"stopped waiting: TPU node {handle.node_id} in {handle.zone} is being deleted but may still "
-                    f"bill until it is gone. Check: gcloud compute tpus tpu-vm describe {handle.node_id} "
-                    f"--zone={handle.zone}; {self._delete_hint(handle)} (or `runner gc`)"
+                    f"{why}: TPU node {handle.node_id} in {handle.zone} is being deleted but may still bill until "
+                    f"it is gone. Check: gcloud compute tpus tpu-vm describe {handle.node_id} --zone={handle.zone}; "
+                    f"{self._delete_hint(handle)} (or `runner gc`)"
                 )
                 return False
-            if time.monotonic() - t0 > self.delete_timeout_s:
-                raise BackendError(
-                    f"node {handle.node_id} still exists {self.delete_timeout_s:.0f}s after its deletion was requested",
-                    hint=self._delete_hint(handle),
-                )
             time.sleep(min(self.poll_s, 2.0))
         if announce:
             self.say(f"TPU node {handle.node_id} is gone ({time.monotonic() - t0:.0f}s)")
@@ -435,7 +457,7 @@ class TpuVmBackend:
 
     def _stop_attached(self, handle: TpuVmHandle, grace_s: float) -> None:
         if handle.ssh_pid and container.process_alive(handle.ssh_pid):
-            stop = f"sudo docker stop --time {int(grace_s)} {shlex.quote(JOB_CONTAINER)} || true"
+            stop = f"sudo docker stop --time {int(grace_s)} {shlex.quote(contract.JOB_CONTAINER)} || true"
             subprocess.run(self.ssh_argv(handle, stop), capture_output=True, timeout=grace_s + 60, check=False)
             container.stop_group(handle.ssh_pid, grace_s=10)
         self.say(f"left TPU node {handle.node_id} running: it was attached, not created by this run")

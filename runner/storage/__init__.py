@@ -30,10 +30,6 @@ class Storage(Protocol):
     @property
     def is_local(self) -> bool: ...
 
-    def child(self, key: str) -> Storage:
-        """Storage rooted at `key` below this root."""
-        ...
-
     def read_bytes(self, key: str, start: int = 0) -> bytes | None:
         """The object's bytes from offset `start`, or None if it does not exist."""
         ...
@@ -69,8 +65,3 @@ def open_storage(url: str, *, gcs_client: object | None = None) -> Storage:
     from runner.storage.local import LocalStorage
 
     return LocalStorage(Path(url))
-
-
-def read_text(storage: Storage, key: str) -> str | None:
-    data = storage.read_bytes(key)
-    return None if data is None else data.decode("utf-8", errors="replace")

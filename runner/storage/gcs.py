@@ -40,7 +40,7 @@ class GCSStorage:
     def _get_bucket(self) -> Any:
         if self._bucket is None:
             if self._client is None:
-                from google.cloud import storage
+                from google.cloud import storage  # type: ignore[attr-defined]
 
                 try:
                     self._client = storage.Client()
@@ -72,9 +72,6 @@ class GCSStorage:
                 hint="create it (see infra/) or fix `storage:` in the job spec",
             )
         return StorageError(f"cannot {action} {where}: {exc}")
-
-    def child(self, key: str) -> GCSStorage:
-        return GCSStorage(self.bucket_name, self._name(key.strip("/")), client=self._client)
 
     def read_bytes(self, key: str, start: int = 0) -> bytes | None:
         from google.api_core import exceptions as gexc

@@ -42,9 +42,6 @@ class LocalStorage:
             raise StorageError(f"storage key {key!r} leaves the run directory")
         return path
 
-    def child(self, key: str) -> LocalStorage:
-        return LocalStorage(self._path(key))
-
     def read_bytes(self, key: str, start: int = 0) -> bytes | None:
         try:
             with self._path(key).open("rb") as f:

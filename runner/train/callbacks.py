@@ -30,9 +30,12 @@ from runner.train.checkpoints import (
     checkpoint_name,
     describe,
 )
+from runner.watch import rundir
 
 # tf.keras is Keras 3 or tf_keras depending on TF_USE_LEGACY_KERAS, which the trainer sets before this import.
 keras = tf.keras
+# The base class, as Any: mypy cannot see through tf.keras (Keras 3 or tf_keras, chosen at import).
+_Callback: Any = keras.callbacks.Callback
 
 PRINT_EVERY_S = 5.0  # progress lines in the log
 PROGRESS_EVERY_S = 2.0  # progress.json, which hang detection reads
@@ -97,7 +100,7 @@ class StopSignal:
             signal.signal(signum, handler)
 
 
-class Cursor(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+class Cursor(_Callback):
     """Where training stands: `epoch` (0-based) in progress, `step` steps of it done, `global_step` in all."""
 
     def __init__(self, steps_per_epoch: int, epochs: int, start: Position, global_step: int) -> None:
@@ -128,7 +131,7 @@ class Cursor(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         return 0 < self.step < self.steps
 
 
-class EpochMetrics(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+class EpochMetrics(_Callback):
     """One JSON line per epoch in metrics.jsonl: Keras' logs, epoch time and examples/s. An interrupted epoch
     writes none; the resumed rest of one writes its line at its real end, with "resumed_at_step"."""
 
@@ -165,7 +168,7 @@ class EpochMetrics(keras.callbacks.Callback):  # type: ignore[misc, name-defined
         self._write()
 
 
-class Progress(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+class Progress(_Callback):
     """Keras-style progress lines at most every PRINT_EVERY_S (a log file is not a terminal, so the usual
     carriage-return bar would arrive as one unreadable line), and progress.json for hang detection: rewritten every
     PROGRESS_EVERY_S while training, at each epoch's first step (training moved on after validation) and end, and
@@ -183,18 +186,17 @@ class Progress(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         if self.file is None:
             return
         c = self.cursor
-        state: dict[str, Any] = {
-            "time": round(time.time(), 3),
-            "epoch": c.epoch + 1,
-            "epochs": c.epochs,
-            "step": c.step,
-            "steps_per_epoch": c.steps,
-            "global_step": c.global_step,
-            "phase": "train" if validation_step is None else "validate",
-        }
-        if validation_step is not None:
-            state["validation_step"] = validation_step
-        write_atomic(self.file, json.dumps(state).encode())
+        state = rundir.Progress(
+            time=round(time.time(), 3),
+            epoch=c.epoch + 1,
+            epochs=c.epochs,
+            step=c.step,
+            steps_per_epoch=c.steps,
+            global_step=c.global_step,
+            phase="train" if validation_step is None else "validate",
+            validation_step=validation_step,
+        )
+        write_atomic(self.file, json.dumps(state.to_json()).encode())
         self._written = self.clock()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -235,7 +237,7 @@ class Progress(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         self.write()
 
 
-class Checkpointer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+class Checkpointer(_Callback):
     """Saves model + optimizer state when the policy says so (epoch ends, or wall-clock time mid-epoch) and when a
     stop signal arrives: at the next step end mid-epoch, exactly there, then TrainingInterrupted; during an
     epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it."""

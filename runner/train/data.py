@@ -39,14 +39,14 @@ def find_mnist(data: str | None) -> tuple[Mnist, str]:
         if not path.exists():
             raise datasets.DatasetError(f"training.data {data!r}: no such file")
         return datasets.load_npz(path), data
-    candidates = [
+    candidates: list[Path | None] = [
         Path(os.environ[contract.DATA_DIR]) / datasets.MNIST_NPZ if os.environ.get(contract.DATA_DIR) else None,
         datasets.cache_dir() / datasets.MNIST_NPZ,
         Path.home() / ".keras" / "datasets" / datasets.MNIST_NPZ,
     ]
-    for path in candidates:
-        if path is not None and path.is_file():
-            return datasets.load_npz(path), str(path)
+    for candidate in candidates:
+        if candidate is not None and candidate.is_file():
+            return datasets.load_npz(candidate), str(candidate)
     import tensorflow as tf
 
     log.info("MNIST not cached; downloading it with tf.keras.datasets.mnist.load_data()")

@@ -27,6 +27,7 @@ from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser
 from runner.train.strategy import tpu_present
+from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
 
@@ -325,7 +326,7 @@ def finish(run: Prepared) -> dict[str, Any]:
     newest = run.store.history[0].file if run.store.history else None
     global_step = run.cursor.global_step
     resumed = run.resumed.checkpoint if run.resumed else None
-    summary = {
+    values = {
         "run_id": ctx.run_id,
         "state": "succeeded",
         "model": cfg.model,
@@ -356,6 +357,7 @@ def finish(run: Prepared) -> dict[str, Any]:
         "checkpoint": f"{contract.CHECKPOINTS}/{newest}" if newest else None,
         "wall_time_s": round(time.time() - run.t_start, 1),
     }
+    summary = Summary.of(**values).to_json()
     cb.write_atomic(ctx.output_dir / contract.SUMMARY, json.dumps(summary, indent=1).encode())
     _say(f"[trainer] done: test accuracy {summary['test_accuracy']:.4f}, {summary['examples_per_s']} examples/s")
     return summary

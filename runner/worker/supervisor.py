@@ -29,15 +29,15 @@ from collections import deque
 from pathlib import Path
 
 from runner import contract
-from runner.events import EventLog, now
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
+from runner.watch.events import EventLog, now
+from runner.watch.rundir import ExitRecord, Heartbeat, Progress
+from runner.watch.state import RunState
 from runner.worker.mirror import Mirror, checkpoint_keep
 
 TAIL_LINES = 30
-# Like timeout(1): the job was stopped by a safety net (max_runtime, a lost runner), not by its own failure. The
-# bootstrap deletes the VM for this code even under teardown policy on_success.
-EXIT_SAFETY_STOP = 124
+EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
 
 
 def _set_pdeathsig() -> None:
@@ -119,20 +119,15 @@ class Supervisor:
 
     # -- periodic work ------------------------------------------------------------------------------------------
 
-    def progress(self) -> dict[str, object] | None:
+    def progress(self) -> Progress | None:
         """What the job reports of its progress (progress.json), and when it last advanced. A job that writes no
         progress file (a custom command) advances while it writes output."""
         try:
-            raw = json.loads((self.output / contract.PROGRESS).read_text())
-            reported = raw if isinstance(raw, dict) else None
-        except (OSError, ValueError):
+            reported: Progress | None = Progress.from_json(json.loads((self.output / contract.PROGRESS).read_bytes()))
+        except (OSError, ValueError, TypeError):
             reported = None
-        marker: tuple[object, ...] = (
-            # Validation steps count too: a long evaluation is progress, not a hang.
-            tuple(reported.get(k) for k in ("global_step", "epoch", "step", "phase", "validation_step"))
-            if reported
-            else ("output", self._output_bytes)
-        )
+        # Validation steps count too (in the marker): a long evaluation is progress, not a hang.
+        marker = reported.marker if reported else ("output", self._output_bytes)
         if marker != self._progress:
             self._progress, self.progress_at = marker, time.time()
         return reported
@@ -140,18 +135,17 @@ class Supervisor:
     def heartbeat(self, phase: str) -> None:
         if self.worker != 0:
             return
-        reported = self.progress()
-        beat = {
-            "time": now(),
-            "worker": self.worker,
-            "pid": os.getpid(),
-            "phase": phase,
-            "host": socket.gethostname(),
-            "uptime_s": round(time.time() - self.started, 1),
-            "progress": reported,
-            "progress_at": round(self.progress_at, 3),
-        }
-        self.local.write_bytes(contract.HEARTBEAT, json.dumps(beat).encode())
+        beat = Heartbeat(
+            time=now(),
+            phase=phase,
+            worker=self.worker,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            uptime_s=round(time.time() - self.started, 1),
+            progress=self.progress(),
+            progress_at=round(self.progress_at, 3),
+        )
+        self.local.write_bytes(contract.HEARTBEAT, json.dumps(beat.to_json()).encode())
 
     def push(self) -> None:
         if self.mirror is None:
@@ -276,18 +270,10 @@ class Supervisor:
         code = 127 if returncode is None else returncode if returncode >= 0 else 128 - returncode
         if self.safety_stop:
             code = EXIT_SAFETY_STOP
-        state = self.stop_reason or ("succeeded" if code == 0 else "failed")
-        record = {
-            "worker": self.worker,
-            "state": state,
-            "exit_code": code,
-            "started_at": self.started,
-            "finished_at": now(),
-            "error": error,
-            "tail": list(self.tail),
-        }
-        self.local.write_bytes(contract.exit_key(self.worker), json.dumps(record, indent=1).encode())
-        events.emit("worker_exited", state=state, exit_code=code)
+        state = RunState(self.stop_reason or ("succeeded" if code == 0 else "failed"))
+        record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail))
+        self.local.write_bytes(contract.exit_key(self.worker), json.dumps(record.to_json(), indent=1).encode())
+        events.emit("worker_exited", state=str(state), exit_code=code)
         self.heartbeat("exited")
         self.push()
         return code

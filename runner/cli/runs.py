@@ -1,0 +1,158 @@
+"""`runner status`, `runner logs` and `runner list`: a run's state, output and results, from any shell, even after
+its submitting runner died (everything is read from the run directory; the backend only says if a machine lives)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from runner.cli.output import console, echo, print_rows, say, warn, when, write_output
+from runner.cli.typer_app import RunArg, app
+
+if TYPE_CHECKING:
+    from runner.backends.base import Backend
+
+
+@app.command()
+def status(
+    run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False
+) -> None:
+    """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
+    import json
+
+    from runner.collect.summary import failure_tail, one_line, progress_text, summary_rows
+    from runner.storage import open_storage
+    from runner.watch.events import read_events
+    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.rundir import read_snapshot
+
+    record = resolve(run)
+    storage = open_storage(record.run_dir)
+    snapshot = read_snapshot(storage)
+    warnings = list(snapshot.problems)
+    events = read_events(storage, warnings)
+    state = current_state(without_bad_handle(record, warnings), snapshot)
+    if as_json:
+        echo(
+            json.dumps(
+                {
+                    "run_id": record.run_id,
+                    "state": str(state),
+                    "run_dir": record.run_dir,
+                    "backend": record.backend,
+                    "metrics": snapshot.metrics,
+                    "summary": snapshot.summary.to_json() if snapshot.summary else None,
+                    "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
+                    "exits": [e.to_json() for e in snapshot.exits],
+                    "warnings": warnings,
+                },
+                default=str,
+                indent=1,
+            )
+        )
+        return
+    rows = [  # run.json may come from someone else's run directory: no control characters reach the terminal
+        ("job", one_line(record.job, 80)),
+        ("backend", one_line(record.backend, 40)),
+        ("created", when(record.created_at, "%Y-%m-%d %H:%M:%S")),
+    ]
+    if snapshot.heartbeat_age_s is not None and not state.is_terminal():
+        rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
+    if snapshot.metrics and not snapshot.summary:
+        rows.append(("progress", progress_text(snapshot.metrics[-1])))
+    if events:
+        last = events[-1]
+        rows.append(
+            ("last event", f"{one_line(last.event, 60)} ({one_line(last.source, 40)}, {when(last.time, '%H:%M:%S')})")
+        )
+    print_rows(rows, title=f"Run {record.run_id}")
+    print_rows(summary_rows(record.run_dir, state, snapshot))
+    for line in failure_tail(snapshot) if state.is_terminal() else []:
+        echo(f"  {line}")
+    for warning in warnings:
+        warn(warning)
+
+
+@app.command()
+def logs(
+    run: RunArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
+    worker: Annotated[int, typer.Option(min=0, help="Which worker's log (TPU pod slices have several).")] = 0,
+) -> None:
+    """Print a run's log (the container's output); --follow streams it until the run ends."""
+    from runner import contract
+    from runner.backends import backend_named
+    from runner.errors import UsageError
+    from runner.storage import open_storage
+    from runner.watch.follow import follow as follow_run
+    from runner.watch.lookup import current_state, resolve, without_bad_handle
+
+    record = resolve(run)
+    workers = max(record.num_workers, 1)
+    if worker >= workers:  # the upper bound is the run's, so typer's max= cannot say it
+        has = f"{workers} workers, 0 to {workers - 1}" if workers > 1 else "1 worker, worker 0"
+        raise UsageError(f"--worker {worker}: run {record.run_id} has {has}")
+    storage = open_storage(record.run_dir)
+    if not follow:
+        write_output(storage.read_bytes(contract.log_key(worker)) or b"")
+        return
+
+    warnings: list[str] = []
+    record = without_bad_handle(record, warnings)
+    for warning in warnings:
+        warn(warning)
+    backend = backend_named(record.backend, say)
+    follow_run(
+        storage,
+        write_output,
+        num_workers=record.num_workers,
+        worker=worker,
+        interval_s=0.5 if storage.is_local else 2.0,
+        stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
+    )
+
+
+@app.command("list")
+def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20) -> None:
+    """List the runs submitted from this machine, newest first."""
+
+    from rich.table import Table
+
+    from runner.backends import backend_named
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+    from runner.watch import runs
+    from runner.watch.lookup import current_state, without_bad_handle
+    from runner.watch.rundir import read_snapshot
+
+    table = Table("run", "job", "backend", "state", "created", "test acc.", box=None, pad_edge=False)
+    warnings: list[str] = []
+    found = runs.list_records(warnings)[:limit]
+    backends: dict[str, Backend] = {}
+    for record in found:
+        try:
+            snapshot = read_snapshot(open_storage(record.run_dir), with_metrics=False)
+            if record.backend not in backends:
+                backends[record.backend] = backend_named(record.backend, say)
+            state = str(current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend]))
+            accuracy = snapshot.summary.test_accuracy if snapshot.summary else None
+            warnings += [f"{record.run_id}: {problem}" for problem in snapshot.problems]
+        except Exception as exc:  # one unreachable run directory must not hide the others
+            state, accuracy = "?", None
+            reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
+            warnings.append(f"{record.run_id}: {reason}")
+        table.add_row(
+            record.run_id,
+            record.job,
+            record.backend,
+            state,
+            when(record.created_at, "%Y-%m-%d %H:%M"),
+            f"{accuracy:.4f}" if accuracy is not None else "-",
+        )
+    if found:
+        console().print(table)
+    elif not warnings:
+        say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
+    for warning in warnings:
+        warn(warning)

@@ -1,0 +1,120 @@
+"""`runner submit`: plan, print the plan (or the whole dry run), hand the run to the lifecycle, print the end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from runner.cli.output import echo, print_rows, rows_text, say, style, write_output
+from runner.cli.typer_app import SpecArg, app
+
+if TYPE_CHECKING:
+    from runner.backends.base import Backend
+    from runner.plan.planner import Plan
+    from runner.watch.rundir import Snapshot
+    from runner.watch.runs import RunRecord
+    from runner.watch.state import RunState
+
+
+@app.command()
+def submit(
+    spec_path: SpecArg,
+    local: Annotated[
+        bool, typer.Option("--local", help="Run on this machine (CPU or GPU) instead of a TPU VM.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and the exact requests; create nothing.")
+    ] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the job has started.")] = False,
+    storage: Annotated[
+        str | None, typer.Option(help="Override the spec's storage (gs://BUCKET/PREFIX or a local path).")
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option(help="Google Cloud project (default: the spec, then gcloud's).")
+    ] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone, when the spec names none (default: gcloud's).")] = None,
+    process: Annotated[
+        bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
+    ] = False,
+) -> None:
+    """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
+    from runner.spec.loader import load_spec
+    from runner.timings import Timings
+
+    timings = Timings.from_env()
+    spec = load_spec(spec_path)
+    what = (
+        f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
+        f"{spec.training.batch_size}"
+        if spec.training
+        else f"`{spec.command_line}`"
+    )
+    backend: Backend[Any]
+    if local:
+        from runner.backends.local import LocalBackend
+        from runner.plan.planner import plan_local
+
+        plan = plan_local(spec, str(spec_path), storage=storage)
+        backend = LocalBackend(prefer="process" if process else None)
+    else:
+        from runner.backends.tpu_vm import TpuVmBackend
+        from runner.plan.planner import plan_cloud
+
+        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone)
+        backend = TpuVmBackend(say=say, timings=timings)
+    rows = [
+        ("run", plan.run_id),
+        ("job", f"{spec.name}: {what}"),
+        ("backend", plan.backend),
+        *backend.describe(plan),
+        ("run directory", plan.run_dir),
+    ]
+    if dry_run:
+        echo(dry_run_text(plan, backend, rows))
+        return
+    print_rows(rows)
+    if plan.cloud is not None:
+        from runner.launch.image import require_in_registry
+
+        # Before anything is paid for: a VM that boots and cannot pull its image is the costliest typo.
+        if warning := require_in_registry(spec.image):
+            say(f"warning: {warning}")
+    from runner import lifecycle
+
+    outcome = lifecycle.submit(plan, backend, say=say, on_output=write_output, detach=detach, timings=timings)
+    finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
+
+
+def dry_run_text(plan: Plan, backend: Backend[Any], rows: list[tuple[str, str]]) -> str:
+    """What `submit --dry-run` prints: the plan, then everything the backend would send or start."""
+    return (
+        rows_text(rows, title="Plan (dry run: nothing is created, no API is called)") + "\n\n" + backend.dry_run(plan)
+    )
+
+
+def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
+    from runner.collect.summary import failure_tail, summary_rows
+    from runner.errors import RunFailed
+    from runner.watch.state import RunState
+
+    if detached:
+        say(f"started {record.run_id} in the background")
+        echo(f"  runner status {record.run_id}\n  runner logs {record.run_id} --follow")
+        return
+    assert snapshot is not None
+    echo()
+    rows = summary_rows(record.run_dir, state, snapshot)
+    if record.reason:
+        rows.insert(1, ("reason", record.reason))
+    print_rows(rows, title=f"Run {record.run_id}")
+    if state == RunState.SUCCEEDED:
+        return
+    tail = failure_tail(snapshot)
+    if tail and state == RunState.FAILED:
+        echo(style("last output:", bold=True))
+        for line in tail:
+            echo(f"  {line}")
+    if state == RunState.CANCELLED:
+        raise typer.Exit(130)
+    raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")

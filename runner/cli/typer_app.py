@@ -1,0 +1,54 @@
+"""The typer application: the command tree, and the one place RunnerError (runner.errors) becomes one message with
+its hint and exit code. The commands (runner.cli.specs, submit, runs, teardown, tools) register on `app`; their
+modules import only typer and the standard library at module level."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from runner.cli.output import report
+
+
+class _RunnerGroup(TyperGroup):
+    """Catches the one error root once, for every command: message, hint, exit code; no traceback."""
+
+    def invoke(self, ctx: Any) -> object:  # typer's vendored click Context, which typer does not export
+        from runner.errors import RunnerError
+
+        try:
+            return super().invoke(ctx)
+        except RunnerError as exc:
+            report(exc)
+            if os.environ.get("RUNNER_DEBUG"):
+                raise
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            ctx.exit(130)
+        return None  # not reached: ctx.exit raises
+
+
+SpecArg = Annotated[Path, typer.Argument(help="Job spec file (YAML).", show_default=False)]
+RunArg = Annotated[str, typer.Argument(help="Run id (or a unique prefix), or a run directory (path or gs://).")]
+
+app = typer.Typer(
+    name="runner",
+    cls=_RunnerGroup,
+    help="Run containerized training jobs on Cloud TPU VMs, or the same job locally, and never pay for an idle TPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Plain help: rich's help renderer imports markdown-it and ~150 ms of modules; `runner --help` must be instant.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# The commands register themselves on `app` (typer and the standard library only at their module level), in the
+# order `runner --help` lists them.
+# isort: off
+from runner.cli import specs, submit, runs, teardown, tools  # noqa: E402, F401
+# isort: on

@@ -1,0 +1,145 @@
+"""Collect: what a finished run produced, as rows for the terminal and paths a user can open.
+
+summary.json is written by the built-in trainer, or by user code in any shape it likes, so every field is checked
+before use: a summary that is not the trainer's shows its own top-level values, and a field of the wrong type is
+left out, never a KeyError at the end of a run that succeeded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner import contract
+from runner.watch.rundir import Snapshot, Summary, number
+from runner.watch.state import RunState
+
+_MAX_USER_ROWS = 20  # a user's summary may be large; the terminal summary shows its first entries
+
+
+def _join(run_dir: str, key: str) -> str:
+    return f"{run_dir.rstrip('/')}/{key}"
+
+
+def one_line(value: Any, limit: int = 200) -> str:
+    """A value from a file someone else wrote, safe for one terminal line: no control characters (escape
+    sequences, newlines), and not endless."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _scalar(value: Any) -> str:
+    as_float = number(value)
+    if as_float is not None and isinstance(value, float):
+        return f"{as_float:.6g}"
+    return one_line(value, 100)
+
+
+def progress_text(line: dict[str, Any]) -> str:
+    """One metrics.jsonl line as a status row: the trainer's epoch line, or whatever a custom command wrote."""
+    known = [
+        ("accuracy", "accuracy {:.4f}"),
+        ("val_accuracy", "val_accuracy {:.4f}"),
+        ("epoch_time_s", "{:.1f}s"),
+    ]
+    parts = [fmt.format(value) for key, fmt in known if (value := number(line.get(key))) is not None]
+    if "epoch" in line:
+        return f"epoch {one_line(line['epoch'], 20)} done" + (f": {', '.join(parts)}" if parts else "")
+    if parts:
+        return ", ".join(parts)
+    entries = [
+        f"{one_line(k, 40)} {_scalar(v)}" for k, v in line.items() if v is None or isinstance(v, str | int | float)
+    ]
+    return one_line(", ".join(entries), 200) or "-"
+
+
+def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
+    """The built-in trainer's summary (runner.train.trainer.finish): its typed fields, each only when present."""
+    rows: list[tuple[str, str]] = []
+    accuracy = s.test_accuracy
+    if accuracy is not None:
+        details = []
+        if (loss := s.get("test_loss")) is not None:
+            details.append(f"loss {loss:.4f}")
+        if s.get("test_examples") is not None:
+            details.append(f"{s.get('test_examples')} test examples")
+        rows.append(("test accuracy", f"{accuracy:.4f}" + (f"  ({', '.join(details)})" if details else "")))
+    times: list[float] = s.get("epoch_times_s") or []
+    if "epoch_times_s" in s.fields:
+        rows.append(("epoch times", ", ".join(f"{t:.1f}s" for t in times) or "-"))
+    if speed := s.get("examples_per_s"):
+        first = "  (mean over epochs after the first, which compiles)" if len(times) > 1 else ""
+        rows.append(("examples/s", f"{speed:.0f}{first}"))
+    strat = s.get("strategy")
+    if strat is not None:
+        batch = ""
+        if s.get("global_batch_size") is not None:
+            batch = f"; global batch {s.get('global_batch_size')}"
+            if s.get("per_replica_batch_size") is not None:
+                batch += f" ({s.get('per_replica_batch_size')} per replica)"
+        rows.append(
+            (
+                "strategy",
+                f"{one_line(strat.get('name'))} on {one_line(strat.get('kind', '?')).upper()}, "
+                f"{one_line(strat.get('replicas'))} replica(s){batch}",
+            )
+        )
+        if strat.get("note"):
+            rows.append(("strategy note", one_line(strat["note"], 400)))
+    if s.get("model") is not None:
+        keras = (s.get("versions") or {}).get("keras")
+        model, dataset, examples, epochs = (
+            one_line(s.get(k) if s.get(k) is not None else "?")
+            for k in ("model", "dataset", "train_examples", "epochs")
+        )
+        text = f"{model} on {dataset} ({examples} train examples), {epochs} epochs"
+        rows.append(("model", text + (f", {one_line(keras)}" if keras else "")))
+    if resumed := s.get("resumed_from"):
+        rows.append(("resumed", f"from {one_line(resumed.get('checkpoint'))}"))
+    return rows
+
+
+def _user_rows(s: Summary) -> list[tuple[str, str]]:
+    """A summary written by user code: its top-level values that fit on a line, as they are."""
+    values = s.to_json()
+    rows = [(one_line(k, 40), _scalar(v)) for k, v in values.items() if v is None or isinstance(v, str | int | float)]
+    if len(rows) > _MAX_USER_ROWS:
+        rows = [*rows[:_MAX_USER_ROWS], ("…", f"{len(rows) - _MAX_USER_ROWS} more in summary.json")]
+    return rows
+
+
+def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The end-of-run summary: results, timings, strategy, and where every artifact is."""
+    rows: list[tuple[str, str]] = [("state", str(state))]
+    s = snapshot.summary or Summary()
+    if s.fields or s.extra:
+        rows += _trainer_rows(s) if s.is_trainers else _user_rows(s)
+    for exit_ in snapshot.exits:
+        if exit_.state != RunState.SUCCEEDED:
+            rows.append(
+                (
+                    f"worker {exit_.worker}",
+                    f"{exit_.state}, exit code {exit_.exit_code}"
+                    + (f": {one_line(exit_.error)}" if exit_.error else ""),
+                )
+            )
+    checkpoint = s.get("checkpoint") if s.is_trainers else None
+    rows += [
+        ("run directory", run_dir),
+        ("metrics", _join(run_dir, contract.METRICS)),
+        (
+            "checkpoints",
+            _join(run_dir, contract.CHECKPOINTS)
+            + (f"/  (latest: {one_line(checkpoint.split('/')[-1])})" if checkpoint else "/"),
+        ),
+        ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
+        ("logs", _join(run_dir, contract.log_key(0))),
+    ]
+    return rows
+
+
+def failure_tail(snapshot: Snapshot, lines: int = 15) -> list[str]:
+    """The last output lines of the first worker that did not succeed: usually the error itself."""
+    for exit_ in snapshot.exits:
+        if exit_.state != RunState.SUCCEEDED and exit_.tail:
+            return exit_.tail[-lines:]
+    return []

@@ -1,1 +1,0 @@
-../../infra/startup-script.sh

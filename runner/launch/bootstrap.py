@@ -1,0 +1,59 @@
+"""Render the TPU VM startup script (runner/launch/startup-script.sh) for one run.
+
+Only the values block of the template changes; every value goes through shlex.quote, and the job's environment
+travels base64-encoded, so no spec value (a name, an env var, a command) can ever be run as shell on the VM.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from pathlib import Path
+
+from runner import contract
+from runner.plan.planner import Plan
+
+# A package file (not a link): a wheel carries it, and `runner submit` renders it from there.
+TEMPLATE = Path(__file__).with_name("startup-script.sh")
+_BLOCK = re.compile(r"(# --- values \(rendered by runner/bootstrap\.py\) ---\n)(.*?)(# --- end values ---\n)", re.S)
+
+
+def env_file(env: dict[str, str]) -> str:
+    """docker --env-file content: KEY=VALUE lines, values literal (Docker does no quoting or expansion)."""
+    for key, value in env.items():
+        if "\n" in value or "\0" in value:
+            raise ValueError(f"{key}: a container environment value cannot contain a newline or NUL")
+    return "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
+
+
+def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
+    assert plan.cloud is not None
+    cloud = plan.cloud
+    policy = plan.spec.teardown.policy
+    return {
+        "RUN_ID": plan.run_id,
+        "RUN_DIR": plan.run_dir,
+        "IMAGE": plan.spec.image,
+        "PROJECT": cloud.project,
+        "ZONE": "",  # filled per attempt: a stockout moves the node to the next zone
+        "NODE": node_id or cloud.node_id,  # a name collision gives the node another name than the plan's
+        "JOB_WORKERS": cloud.trainer_workers,
+        "NUM_WORKERS": str(plan.num_workers),
+        "DELETE_ON_EXIT": "never" if plan.attach else policy,
+        "DEADLINE": str(int(plan.deadline)),
+        "CONTAINER": contract.JOB_CONTAINER,
+        "SAFETY_STOP": str(contract.EXIT_SAFETY_STOP),
+        "JOB_ENV_B64": base64.b64encode(env_file(plan.env).encode()).decode(),
+    }
+
+
+def render(plan: Plan, zone: str, node_id: str | None = None) -> str:
+    """The startup script for `plan`'s node in `zone` (named `node_id`, by default the plan's)."""
+    text = TEMPLATE.read_text()
+    assignments = {**values(plan, node_id), "ZONE": zone}
+    block = "".join(f"{key}={shlex.quote(value)}\n" for key, value in assignments.items())
+    rendered, count = _BLOCK.subn(lambda m: m.group(1) + block + m.group(3), text)
+    if count != 1:
+        raise RuntimeError(f"{TEMPLATE}: the values block is missing or repeated")
+    return rendered

@@ -1,0 +1,223 @@
+#!/bin/bash
+# tpu-runner bootstrap for Cloud TPU VMs.
+#
+# The runner renders the values block below from the job spec (runner/bootstrap.py) and passes the result as the
+# node's `startup-script` metadata. Cloud TPU runs it as root on every worker (host) of the slice at boot. It pulls
+# the job's image, runs it with the flags a TPU VM needs, records what happened in the run directory on Cloud
+# Storage, and deletes the node when the job is over, so that the node never idles on the bill, even when the
+# runner that submitted it is gone. It needs only bash, curl, base64 and docker, which every TPU VM image has.
+#
+# Every value in the block is single-quoted by the renderer: nothing from a spec is ever parsed as shell.
+set -uo pipefail
+
+# --- values (rendered by runner/bootstrap.py) ---
+RUN_ID=''
+RUN_DIR=''
+IMAGE=''
+PROJECT=''
+ZONE=''
+NODE=''
+JOB_WORKERS='all'
+NUM_WORKERS='1'
+DELETE_ON_EXIT='never'
+DEADLINE='0'
+CONTAINER='tpu-runner-job'
+SAFETY_STOP='124'
+JOB_ENV_B64=''
+# --- end values ---
+
+# Endpoints: the real services on a TPU VM; the TPU API emulator points them at itself to rehearse a run.
+METADATA_URL="${RUNNER_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}"
+TPU_API="${RUNNER_TPU_API:-https://tpu.googleapis.com}"
+STORAGE_API="${RUNNER_STORAGE_API:-https://storage.googleapis.com}"
+WORKDIR="${TMPDIR:-/tmp}/tpu-runner/${RUN_ID}"
+BUCKET="${RUN_DIR#gs://}"
+BUCKET="${BUCKET%%/*}"
+PREFIX="${RUN_DIR#gs://"${BUCKET}"}"
+PREFIX="${PREFIX#/}"
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# Percent-encode one string byte by byte (object names go into URLs).
+urlencode() {
+  local LC_ALL=C s="$1" out="" c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c="${s:i:1}"
+    case "$c" in
+      [a-zA-Z0-9.~_-]) out+="$c" ;;
+      *) out+=$(printf '%%%02X' "'$c") ;;
+    esac
+  done
+  printf '%s' "$out"
+}
+
+# A JSON string literal for a message of ours (quotes, backslashes and control characters escaped).
+json_str() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  s="${s//$'\n'/ }"
+  s="${s//$'\r'/ }"
+  s="${s//$'\t'/ }"
+  printf '"%s"' "$s"
+}
+
+metadata() { curl -sf --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${METADATA_URL}/$1"; }
+
+token() { metadata instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'; }
+
+# put KEY FILE [QUERY]: upload a file to the run directory (Cloud Storage JSON API, simple upload); QUERY adds
+# parameters such as a precondition.
+put() {
+  curl -sf --retry 5 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/octet-stream' \
+    --data-binary @"$2" \
+    "${STORAGE_API}/upload/storage/v1/b/${BUCKET}/o?uploadType=media&name=$(urlencode "${PREFIX}/$1")${3:+&$3}" \
+    >/dev/null
+}
+
+# get KEY FILE: download an object of the run directory; fails when there is none.
+get() {
+  curl -sf --retry 5 -o "$2" -H "Authorization: Bearer $(token)" \
+    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")?alt=media"
+}
+
+# exists KEY: 0 when the object is in the run directory, 1 when Cloud Storage says it is not (404), 2 when it
+# would not say (5xx after the retries, no network). Only a 404 may be taken for "missing": taking any failed
+# check for it would overwrite the job's own exit record.
+exists() {
+  local code
+  code="$(curl -s --retry 5 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(token)" \
+    "${STORAGE_API}/storage/v1/b/${BUCKET}/o/$(urlencode "${PREFIX}/$1")")"
+  case "$code" in
+    200) return 0 ;;
+    404) return 1 ;;
+    *) return 2 ;;
+  esac
+}
+
+now() { date +%s.%N | cut -c1-14; }
+
+# event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
+event() {
+  printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$(now)" "$WORKER" "$1" "${2:+, $2}" \
+    >>"${WORKDIR}/events.jsonl"
+  put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
+}
+
+# write_exit STATE CODE MESSAGE: the exit record, when the container could not write its own. ifGenerationMatch=0:
+# Cloud Storage refuses it if a record is there after all, so the job's own is never replaced.
+write_exit() {
+  printf '{"worker": %s, "state": "%s", "exit_code": %s, "started_at": %s, "finished_at": %s, "error": %s, "tail": []}\n' \
+    "$WORKER" "$1" "$2" "$STARTED" "$(now)" "$(json_str "$3")" >"${WORKDIR}/exit.json"
+  put "exit/worker-${WORKER}.json" "${WORKDIR}/exit.json" ifGenerationMatch=0 ||
+    log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
+}
+
+# finish CODE: worker 0 deletes the node when the policy says so (after every worker has an exit record).
+# SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node goes even under on_success.
+finish() {
+  local rc="$1" delete="" waited=0 w
+  if [ "$WORKER" = 0 ]; then
+    case "$DELETE_ON_EXIT" in
+      always) delete=1 ;;
+      on_success) [ "$rc" = 0 ] || [ "$rc" = "$SAFETY_STOP" ] && delete=1 ;;
+    esac
+  fi
+  if [ -n "$delete" ]; then
+    if [ "$JOB_WORKERS" = all ]; then
+      for ((w = 1; w < NUM_WORKERS; w++)); do
+        while ! exists "exit/worker-${w}.json" && [ "$waited" -lt 600 ]; do
+          sleep 5
+          waited=$((waited + 5))
+        done
+      done
+    fi
+    event delete_requested "\"exit_code\": ${rc}"
+    curl -sf --retry 5 -X DELETE -H "Authorization: Bearer $(token)" \
+      "${TPU_API}/v2/projects/${PROJECT}/locations/${ZONE}/nodes/${NODE}" >/dev/null ||
+      log "could not delete node ${NODE}; the runner or \`runner gc\` will"
+  fi
+  exit "$rc"
+}
+
+mkdir -p "$WORKDIR"
+STARTED="$(now)"
+WORKER="$(metadata instance/attributes/agent-worker-number || echo 0)"
+# A recreated node (after a preemption) starts with an empty disk: carry on the events of the earlier boots.
+get "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || rm -f "${WORKDIR}/events.jsonl"
+event bootstrap_started "\"worker\": ${WORKER}, \"host\": $(json_str "$(hostname)")"
+
+if [ "$JOB_WORKERS" != all ] && [ "$WORKER" != "$JOB_WORKERS" ]; then
+  log "worker ${WORKER} serves the TPU runtime; the job runs on worker ${JOB_WORKERS}"
+  event idle_worker
+  exit 0
+fi
+
+printf '%s' "$JOB_ENV_B64" | base64 -d >"${WORKDIR}/job.env"
+printf 'RUNNER_WORKER_ID=%s\n' "$WORKER" >>"${WORKDIR}/job.env"
+
+REGISTRY="${IMAGE%%/*}"
+case "$REGISTRY" in
+  *-docker.pkg.dev | gcr.io | *.gcr.io)
+    token | docker login -u oauth2accesstoken --password-stdin "https://${REGISTRY}" >/dev/null ||
+      log "docker login to ${REGISTRY} failed" ;;
+esac
+
+pulled=""
+for attempt in 1 2 3; do
+  if docker pull "$IMAGE"; then
+    pulled=1
+    break
+  fi
+  log "docker pull failed (attempt ${attempt})"
+  sleep $((attempt * 2))
+done
+if [ -z "$pulled" ]; then
+  event image_pull_failed "\"image\": $(json_str "$IMAGE")"
+  write_exit failed 125 "docker pull ${IMAGE} failed: does the image exist, and may the VM's service account read it?"
+  finish 125
+fi
+
+# --privileged: the container opens the TPU chips (/dev/accel*, /dev/vfio); --net=host: the hosts of a pod slice
+# reach each other and the metadata server as the VM does.
+event container_started
+docker run --rm --name "$CONTAINER" --privileged --net=host --env-file "${WORKDIR}/job.env" "$IMAGE" &
+child=$!
+
+# The job stops itself at its deadline; if it cannot (hung, its supervisor gone), this backstop stops it 5 minutes
+# later, and the node is deleted below.
+delay=$((DEADLINE - $(date +%s) + 300))
+[ "$delay" -lt 0 ] && delay=0
+(
+  sleep "$delay" &&
+    touch "${WORKDIR}/watchdog-fired" &&
+    log "the run's deadline passed 5 minutes ago: stopping the container" &&
+    docker stop --time 25 "$CONTAINER" >/dev/null 2>&1
+) &
+watchdog=$!
+
+# A shutdown (preemption, maintenance) sends SIGTERM: stop the container so that the job records its state, and
+# leave the node alone: it is not the job's end, and the runner decides (recreate after a preemption, or delete).
+shutdown=""
+trap 'shutdown=1; docker stop --time 25 "$CONTAINER" >/dev/null 2>&1' TERM INT
+rc=0
+wait "$child" || rc=$?
+while kill -0 "$child" 2>/dev/null; do
+  rc=0
+  wait "$child" || rc=$?
+done
+pkill -P "$watchdog" 2>/dev/null
+kill "$watchdog" 2>/dev/null
+[ -e "${WORKDIR}/watchdog-fired" ] && rc="$SAFETY_STOP"
+event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
+found=0
+exists "exit/worker-${WORKER}.json" || found=$?
+case "$found" in
+  1) [ -n "$shutdown" ] || write_exit failed "$rc" "the container exited with ${rc} before writing its exit record" ;;
+  2) log "could not check for this worker's exit record; it is left as it is" ;;
+esac
+if [ -n "$shutdown" ]; then
+  log "the VM is shutting down (preemption or maintenance): the node is left to the runner"
+  exit "$rc"
+fi
+finish "$rc"

@@ -1,0 +1,415 @@
+"""One run, start to end, as explicit phases: provision -> watch -> (replace and again) -> teardown.
+
+    submitted -> provisioning (handle recorded BEFORE the create request) -> starting (machine up)
+              -> running (the job's own heartbeat) -> a verdict:
+                   finished      every worker wrote its exit record: succeeded / failed (retries.failures)
+                   machine gone  preempted or vanished: recreate (retries.preemptions), the job resumes
+                   silent        up, but no word from its startup script within teardown.boot_timeout:
+                                 recreate once, then fail with the reason
+                   deadline      max_runtime passed: timed_out, whatever the machine does
+                   hung          no progress for teardown.hang_timeout: hung
+                   down          `runner down` from another shell: cancelled
+              -> teardown (per policy) -> finished
+
+The run record (local, and run.json in the run directory) is saved at every transition, so `runner status`,
+`down` and `gc` know what exists at any moment, including while a node is being created. Teardown is in a
+`finally`, and SIGINT/SIGTERM are turned into an exception during the run, so every way out of `submit` passes
+through it. Attached machines are never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runner import contract
+from runner.backends.base import Backend, Handle, MachineState
+from runner.errors import BackendError, Preempted, RunnerError, UsageError
+from runner.lifecycle.watchdog import Verdict, Watchdog
+from runner.plan.planner import Plan
+from runner.spec.loader import dump_spec
+from runner.storage import Storage, open_storage
+from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, signals_raise
+from runner.timings import Timings
+from runner.watch import runs
+from runner.watch.events import Event, EventLog
+from runner.watch.follow import LogTail, follow
+from runner.watch.rundir import Snapshot, read_snapshot
+from runner.watch.runs import RunRecord
+from runner.watch.state import RunState, derive_state
+
+log = logging.getLogger(__name__)
+
+# Before a machine is recreated its predecessor must be gone; a real TPU VM takes a minute or two to delete.
+REPLACE_WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    record: RunRecord
+    state: RunState
+    snapshot: Snapshot | None
+    detached: bool = False
+
+
+def should_delete(policy: str, state: RunState, attached: bool) -> bool:
+    """on_success keeps a failed machine for debugging; a safety stop (timed out, hung) never keeps one."""
+    if attached or policy == "never":
+        return False
+    if policy == "on_success":
+        return state not in (RunState.FAILED, RunState.LOST)
+    return True
+
+
+def start_record(plan: Plan, storage: Storage) -> RunRecord:
+    """Write the resolved spec and run.json to the run directory and the local record, before anything is
+    created: whatever happens next, the run can be found and inspected."""
+    record = RunRecord(
+        run_id=plan.run_id,
+        job=plan.spec.name,
+        backend=plan.backend,
+        run_dir=plan.run_dir,
+        spec_path=plan.spec_path,
+        created_at=plan.created_at,
+        deadline=plan.deadline,
+        num_workers=plan.num_workers,
+    )
+    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
+    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
+    return runs.save(record)
+
+
+class RunnerHeartbeat:
+    """While the runner watches, `runner-heartbeat` in the run directory says so (every `every_s`). A run that set
+    teardown.runner_heartbeat_timeout stops itself, and its VM goes, when this stops for longer than that."""
+
+    def __init__(self, storage: Storage, every_s: float = 30.0) -> None:
+        self.storage, self.every_s = storage, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _beat(self) -> None:
+        beat = {"time": round(time.time(), 3), "pid": os.getpid(), "host": socket.gethostname()}
+        try:
+            self.storage.write_bytes(contract.RUNNER_HEARTBEAT, json.dumps(beat).encode())
+        except RunnerError as exc:
+            log.warning("could not write the runner heartbeat: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._beat()
+
+    def __enter__(self) -> RunnerHeartbeat:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+def _show_event(event: Event, say: Callable[[str], None]) -> None:
+    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
+    if event.source.startswith("runner"):
+        return
+    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
+    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
+
+
+class _Retry(Exception):
+    """Replace the machine and run again (a preemption, a silent boot, a failure with retries left)."""
+
+
+class Run:
+    """The phases of one `submit`; `execute` drives them. Attributes are the run's state as it goes."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        *,
+        say: Callable[[str], None],
+        on_output: Callable[[bytes], None],
+        timings: Timings | None = None,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.plan, self.backend, self.say, self.on_output = plan, backend, say, on_output
+        timings = timings or Timings()
+        self.poll_s = timings.follow_local_s if plan.storage_is_local else timings.follow_gcs_s
+        self.grace_s = grace_s
+        self.status_every_s = 0.0 if backend.ephemeral else timings.machine_status_every_s
+        self.storage = open_storage(plan.run_dir)
+        self.record = start_record(plan, self.storage)
+        self.events = EventLog(self.storage, "runner")
+        self.tail = LogTail(self.storage)
+        self.seen: set[tuple[float, str, str]] = set()
+        self.handle: Handle | None = None
+        self.state = RunState.PENDING
+        self.reason: str | None = None
+        self.snapshot: Snapshot | None = None
+        self.preemptions = self.failures = self.silent_boots = 0
+        self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
+
+    # -- record ---------------------------------------------------------------------------------------------------
+
+    def _save(self, **changes: Any) -> None:
+        """The local record and, when the handle changes, run.json: both always say what may exist."""
+        handle_changed = "handle" in changes and changes["handle"] != self.record.handle
+        self.record = runs.save(self.record.updated(**changes))
+        if handle_changed:
+            self.storage.write_bytes(contract.RUN_INFO, runs.run_info(self.record))
+
+    def _on_handle(self, handle: Handle) -> None:
+        """Called by the backend before it sends a create request: recorded first, then created."""
+        self.handle = handle
+        self._save(state=RunState.PROVISIONING, handle=handle.to_dict())
+        self.events.emit("provisioning", handle=handle.to_dict())
+
+    # -- phases ---------------------------------------------------------------------------------------------------
+
+    def provision(self) -> Handle:
+        retries = self.plan.spec.retries
+        while True:
+            try:
+                handle = self.backend.provision(self.plan, self._on_handle)
+            except Preempted as exc:  # taken back while booting; the backend already deleted it
+                self.handle = None
+                if self.preemptions >= retries.preemptions:
+                    raise
+                self.preemptions += 1
+                self.events.emit("preempted", attempt=self.preemptions, retry=True, at="boot")
+                self.say(f"{exc}: creating it again ({self.preemptions}/{retries.preemptions})")
+                continue
+            self.handle = handle
+            self._save(state=RunState.STARTING, handle=handle.to_dict())
+            self.events.emit("provisioned", handle=handle.to_dict())
+            return handle
+
+    def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
+        dog = Watchdog(self.plan, self.backend, handle, status_every_s=self.status_every_s)
+        verdict: list[Verdict] = []
+
+        def on_event(event: Event) -> None:
+            dog.on_event(event)
+            _show_event(event, self.say)
+
+        def stop(snapshot: Snapshot) -> bool:
+            beat = snapshot.heartbeat
+            if self.record.state == RunState.STARTING and dog.booted and beat is not None and beat.phase == "running":
+                self._save(state=RunState.RUNNING)  # the job's own heartbeat: now it runs
+            found = dog.check(snapshot)
+            if found is not None:
+                verdict.append(found)
+            return found is not None
+
+        snapshot = follow(
+            self.storage,
+            self.on_output,
+            num_workers=self.plan.num_workers,
+            interval_s=self.poll_s,
+            tail=self.tail,
+            seen_events=self.seen,
+            on_event=on_event,
+            stop=stop,
+        )
+        if not verdict:  # follow's own end: every exit record is there
+            verdict.append(Verdict.FINISHED)
+        if verdict[0] == Verdict.MACHINE_GONE:
+            # A VM that finished writes its exit record, then deletes itself: read again what it left.
+            snapshot = read_snapshot(self.storage, with_metrics=False)
+            if len(snapshot.exits) >= self.plan.num_workers:
+                verdict[0] = Verdict.FINISHED
+        if verdict[0] == Verdict.SILENT:
+            self.reason = (
+                f"the machine was up for {self.plan.spec.teardown.boot_timeout}s without a word from its startup "
+                "script (teardown.boot_timeout)"
+            )
+        return verdict[0], snapshot
+
+    def decide(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> RunState:
+        """The run's state after a verdict, or _Retry when the machine is to be replaced."""
+        retries = self.plan.spec.retries
+        if verdict == Verdict.DOWN:
+            return RunState.CANCELLED
+        if verdict == Verdict.DEADLINE:
+            self.reason = f"max_runtime ({self.plan.spec.teardown.max_runtime}s) passed"
+            self.say(f"{self.reason}: stopping the run and deleting what it created")
+            self.events.emit("deadline_passed", deadline=self.plan.deadline)
+            self.safety_stop = True
+            return RunState.TIMED_OUT
+        if verdict == Verdict.HUNG:
+            self.reason = f"no progress for over {self.plan.spec.teardown.hang_timeout}s (teardown.hang_timeout)"
+            self.say(f"{self.reason}: stopping the run")
+            self.events.emit("hung", seconds=self.plan.spec.teardown.hang_timeout)
+            self.safety_stop = True
+            return RunState.HUNG
+        if verdict == Verdict.SILENT:
+            hint = getattr(self.backend, "console_hint", None)
+            where = f"; what the VM did at boot: {hint(handle)}" if hint else ""
+            self.say(f"{self.reason}{where}")
+            retry = self.silent_boots < 1
+            self.events.emit("boot_timeout", seconds=self.plan.spec.teardown.boot_timeout, retry=retry)
+            if retry:
+                self.silent_boots += 1
+                self.say("deleting it and creating it once more")
+                raise _Retry
+            self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
+            return RunState.FAILED
+        if self._preempted(verdict, snapshot, handle):
+            if self.preemptions >= retries.preemptions:
+                self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
+                self.reason = f"preempted again, after {self.preemptions} recreation(s) (retries.preemptions)"
+                self.say(f"{self.reason}: giving up")
+                return RunState.FAILED
+            self.preemptions += 1
+            self.events.emit("preempted", attempt=self.preemptions, retry=True)
+            self.say(
+                f"the machine was preempted: recreating it ({self.preemptions}/{retries.preemptions}); the job "
+                "resumes from its newest checkpoint"
+            )
+            raise _Retry
+        state = derive_state(
+            snapshot, self.plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
+        )
+        if state == RunState.FAILED and self.failures < retries.failures:
+            self.failures += 1
+            self.events.emit("retrying_failure", attempt=self.failures)
+            self.say(f"the job failed: running it again ({self.failures}/{retries.failures})")
+            raise _Retry
+        return state
+
+    def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
+        """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
+        if self.backend.ephemeral:
+            return False
+        try:
+            machine = self.backend.status(handle)
+        except RunnerError:
+            return verdict == Verdict.MACHINE_GONE
+        finished = len(snapshot.exits) >= self.plan.num_workers and all(
+            e.state != RunState.CANCELLED for e in snapshot.exits
+        )
+        return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
+
+    def replace(self, handle: Handle) -> None:
+        """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The
+        old machine is gone, so nothing writes them any more; a preempted worker records `cancelled`, which must
+        not end the next attempt."""
+        self.events.emit("teardown_requested", state="replacing")
+        if not self.backend.teardown(handle, grace_s=self.grace_s, wait_s=REPLACE_WAIT_S):
+            # Its successor would take its name: never create beside a machine that may still run the job.
+            raise BackendError(
+                "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
+            )
+        self.handle = None
+        for info in self.storage.list(contract.EXIT_DIR + "/"):
+            self.storage.delete(info.key)
+
+    def teardown(self, left_running: bool) -> None:
+        if self.handle is None or left_running:
+            return
+        policy = self.plan.spec.teardown.policy
+        # An attached machine's teardown stops the job and leaves the machine (the backend never deletes it).
+        delete = (
+            self.backend.ephemeral
+            or self.plan.attach
+            or self.safety_stop
+            or should_delete(policy, self.state, self.plan.attach)
+        )
+        with signals_deferred(self.say):
+            if delete:
+                t0 = time.time()
+                self.events.emit("teardown_requested", state=str(self.state))
+                gone = self.backend.teardown(self.handle, grace_s=self.grace_s)
+                self.events.emit("teardown_done", seconds=round(time.time() - t0, 2), confirmed=gone)
+                if not gone:
+                    self.reason = (self.reason + "; " if self.reason else "") + "its machine was still being deleted"
+            else:
+                self.events.emit("teardown_skipped", policy=policy, state=str(self.state))
+
+    def settle(self) -> None:
+        """The final state: a state decided above stands; one still open is settled by the workers' records."""
+        rest = self.tail.read_new()  # what the job wrote while it was being stopped
+        if rest:
+            self.on_output(rest)
+        final = read_snapshot(self.storage)
+        if final.exits:
+            self.state = derive_state(
+                final, self.plan.num_workers, self.state, machine_alive=False, heartbeat_timeout_s=0
+            )
+        if not self.state.is_terminal():
+            self.state = RunState.LOST if not final.exits else self.state
+        self.snapshot = final
+        self._save(state=self.state, finished_at=time.time(), reason=self.reason)
+        self.events.emit("finished", state=str(self.state), **({"reason": self.reason} if self.reason else {}))
+
+    # -- the whole run --------------------------------------------------------------------------------------------
+
+    def execute(self, detach: bool) -> Outcome:
+        hurry.clear()
+        self.events.emit("submitted", backend=self.plan.backend, spec=self.plan.spec_path)
+        left_running = False
+        try:
+            with signals_raise(), RunnerHeartbeat(self.storage):
+                while True:
+                    handle = self.provision()
+                    if detach:
+                        left_running, self.state = True, RunState.STARTING
+                        return Outcome(self.record, self.state, None, detached=True)
+                    self.say("following the run; Ctrl-C stops it and tears everything down")
+                    verdict, self.snapshot = self.watch(handle)
+                    try:
+                        self.state = self.decide(verdict, self.snapshot, handle)
+                    except _Retry:
+                        self.replace(handle)
+                        continue
+                    break
+        except Interrupted as exc:
+            self.state = RunState.CANCELLED
+            self.say(f"{exc}: stopping the run")
+            self.events.emit("cancel_requested", signal=str(exc))
+        except BackendError as exc:
+            self.state, self.reason = RunState.FAILED, exc.message
+            self.events.emit("provision_failed", error=exc.message)
+            raise
+        finally:
+            try:
+                self.teardown(left_running)
+            except BackendError as exc:
+                # Settled and recorded first, then reported: a machine that could not be deleted is the one thing
+                # the user must hear about, with how to delete it.
+                self.reason = f"{self.reason + '; ' if self.reason else ''}teardown failed: {exc.message}"
+                self.events.emit("teardown_failed", error=exc.message)
+                if not left_running:
+                    self.settle()
+                raise
+            if not left_running:
+                self.settle()
+        return Outcome(self.record, self.state, self.snapshot)
+
+
+def submit(
+    plan: Plan,
+    backend: Backend,
+    *,
+    say: Callable[[str], None],
+    on_output: Callable[[bytes], None],
+    detach: bool = False,
+    timings: Timings | None = None,
+    grace_s: float = 30.0,
+) -> Outcome:
+    if detach and plan.spec.teardown.runner_heartbeat_timeout:
+        raise UsageError(
+            "--detach and teardown.runner_heartbeat_timeout do not go together: the run would stop "
+            "itself once this runner returns",
+            hint="drop one of them",
+        )
+    run = Run(plan, backend, say=say, on_output=on_output, timings=timings, grace_s=grace_s)
+    return run.execute(detach)

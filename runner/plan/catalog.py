@@ -1,0 +1,123 @@
+"""What Cloud TPU offers, read from runner/plan/tpu_catalog.yaml: types, chips, hosts, zones, runtimes, prices.
+
+The planner asks it whether a job can run where it was sent (before any API call); the TPU API emulator asks it
+what to accept, so the emulator and the runner never disagree about what exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_DATA = Path(__file__).with_name("tpu_catalog.yaml")
+_TYPE_RE = re.compile(r"^(?P<gen>[a-z][a-z0-9]*)-(?P<size>[0-9]+)$")  # the generations are the catalog's
+
+
+class CatalogError(ValueError):
+    """An accelerator type, zone or runtime the catalog does not know."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str
+    size_unit: str  # "cores" or "chips": what the number in the type name counts
+    cores_per_chip: int
+    chips_per_host: int
+    single_host_max_chips: int
+    sizes: tuple[int, ...]
+    single_host_zones: tuple[str, ...]
+    multi_host_zones: tuple[str, ...]
+    runtimes: tuple[str, ...]  # regular expressions
+    default_runtime: str
+    on_demand_price: float  # USD per chip-hour
+    spot_price: float
+    tensorflow: bool
+    api_type: str  # AcceleratorConfig.Type (V5LITE_POD, ...)
+    quota_prefix: str  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
+
+
+@dataclass(frozen=True)
+class AcceleratorType:
+    name: str
+    generation: Generation
+    chips: int
+    hosts: int
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        g = self.generation
+        return g.multi_host_zones if self.multi_host else g.single_host_zones
+
+    def price_per_hour(self, *, spot: bool) -> float:
+        g = self.generation
+        return round(self.chips * (g.spot_price if spot else g.on_demand_price), 4)
+
+    def runtime_ok(self, runtime: str) -> bool:
+        if not any(re.fullmatch(pattern, runtime) for pattern in self.generation.runtimes):
+            return False
+        if runtime.startswith("tpu-vm-tf-"):
+            # TensorFlow runtimes come in a single-host and a pod (-pod-) flavour; the wrong one does not boot.
+            return ("-pod" in runtime) == self.multi_host
+        return True
+
+
+@functools.cache
+def _raw() -> dict[str, Any]:
+    return yaml.safe_load(_DATA.read_text())
+
+
+@functools.cache
+def generations() -> dict[str, Generation]:
+    out = {}
+    for name, g in _raw()["generations"].items():
+        out[name] = Generation(
+            name=name,
+            size_unit=g["size_unit"],
+            cores_per_chip=g["cores_per_chip"],
+            chips_per_host=g["chips_per_host"],
+            single_host_max_chips=g.get("single_host_max_chips", g["chips_per_host"]),
+            sizes=tuple(g["sizes"]),
+            single_host_zones=tuple(g["zones"]["single_host"]),
+            multi_host_zones=tuple(g["zones"]["multi_host"]),
+            runtimes=tuple(g["runtimes"]),
+            default_runtime=g["default_runtime"],
+            on_demand_price=float(g["price"]["on_demand"]),
+            spot_price=float(g["price"]["spot"]),
+            tensorflow=bool(g["tensorflow"]),
+            api_type=g["api_type"],
+            quota_prefix=g["quota_prefix"],
+        )
+    return out
+
+
+def prices_info() -> dict[str, str]:
+    p = _raw()["prices"]
+    return {"currency": p["currency"], "unit": p["unit"], "read_on": str(p["read_on"]), "source": p["source"]}
+
+
+def accelerator(name: str) -> AcceleratorType:
+    """The type named like v2-8, v4-32, v5litepod-8, v6e-16. Raises CatalogError for an unknown one."""
+    match = _TYPE_RE.match(name)
+    gens = generations()
+    if not match or match["gen"] not in gens:
+        raise CatalogError(f"unknown TPU type {name!r}; known generations: {', '.join(gens)}")
+    g = gens[match["gen"]]
+    size = int(match["size"])
+    if size not in g.sizes:
+        raise CatalogError(f"{name!r}: {g.name} comes in sizes {', '.join(f'{g.name}-{s}' for s in g.sizes)}")
+    chips = size // g.cores_per_chip if g.size_unit == "cores" else size
+    hosts = 1 if chips <= g.single_host_max_chips else chips // g.chips_per_host
+    return AcceleratorType(name, g, chips, hosts)
+
+
+def all_types() -> list[AcceleratorType]:
+    return [accelerator(f"{g.name}-{size}") for g in generations().values() for size in g.sizes]

@@ -1,0 +1,266 @@
+"""Plan a run: resolve the run id, the run directory and the job's environment, with no side effects.
+
+Everything a backend needs is decided here, so `--dry-run` shows exactly what would happen and a backend never
+reads the spec file or the user's flags itself.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner import contract, datasets
+from runner.errors import PlanError, UsageError
+from runner.launch.imageref import ImageRef
+from runner.plan import catalog
+from runner.spec import JobSpec, check_storage
+
+RUNS_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class CloudTarget:
+    """Where a TPU VM run goes, resolved and checked before any API call."""
+
+    project: str
+    zones: tuple[str, ...]  # in the order to try
+    accelerator: catalog.AcceleratorType
+    runtime_version: str
+    node_id: str
+    attach_node: str | None  # an existing node: attach, never create or delete
+    trainer_workers: str  # "0": TensorFlow runs on worker 0 (other hosts serve the TPU runtime); "all"
+    price_per_hour: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: JobSpec
+    spec_path: str | None
+    run_id: str
+    backend: str  # "local" | "tpu-vm"
+    storage_url: str  # gs://bucket/prefix or an absolute path
+    run_dir: str  # <storage_url>/runs/<run_id>
+    env: dict[str, str] = field(default_factory=dict)  # the job's environment, the same on every backend
+    created_at: float = 0.0
+    deadline: float = 0.0
+    num_workers: int = 1
+    attach: bool = False  # the machine exists already (accelerator.node): never deleted
+    cloud: CloudTarget | None = None
+    # Unique to this submit, labelled on what it creates: two runs that end up with the same node name (a retried
+    # create, a collision) can tell their own node from the other's.
+    nonce: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    @property
+    def storage_is_local(self) -> bool:
+        return not self.storage_url.startswith("gs://")
+
+
+def new_run_id(name: str, now: float | None = None, suffix: str | None = None) -> str:
+    """<name>-<UTC yyyymmdd-hhmmss>-<4 hex>: sortable, unique, and valid as a TPU node id and label value."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    return f"{name}-{stamp}-{suffix or secrets.token_hex(2)}"
+
+
+def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
+    """The storage root of a run: `override` (submit --storage) if given, else the spec's `storage:`. An override
+    passes the spec's own validator, so that `--storage gs://` is refused as `storage: gs://` is."""
+    if override is None:
+        url = spec.storage
+    else:
+        try:
+            url = check_storage(override)
+        except ValueError as exc:
+            raise UsageError(f"--storage: {exc}") from None
+    if url.startswith("gs://"):
+        return url
+    if cloud:
+        raise PlanError(
+            f"storage {url!r} is a local path, but a TPU VM can only write its run directory to Cloud Storage",
+            hint="set `storage: gs://BUCKET/PREFIX` in the job spec or pass --storage gs://BUCKET/PREFIX; "
+            "or run the job on this machine with --local",
+        )
+    try:
+        return str(Path(url).expanduser().absolute())
+    except RuntimeError:  # '~nobody/runs': pathlib cannot find that user's home
+        raise PlanError(f"storage {url!r}: no home directory for {url.split('/')[0]!r}") from None
+
+
+def job_env(
+    spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, deadline: float, num_workers: int = 1
+) -> dict[str, str]:
+    """The environment every worker's container gets: the spec's env, then the contract (which wins)."""
+    env = dict(spec.env)
+    env.update(
+        {
+            contract.RUN_ID: run_id,
+            contract.RUN_DIR: run_dir,
+            contract.NUM_WORKERS: str(num_workers),
+            contract.WORKER_ID: "0",
+            contract.STRATEGY: strategy,
+            contract.MAX_RUNTIME_S: str(spec.teardown.max_runtime),
+            contract.DEADLINE: str(int(deadline)),
+        }
+    )
+    if spec.teardown.runner_heartbeat_timeout:
+        env[contract.SUBMITTER_TIMEOUT_S] = str(spec.teardown.runner_heartbeat_timeout)
+    if spec.teardown.hang_timeout:
+        env[contract.HANG_TIMEOUT_S] = str(spec.teardown.hang_timeout)
+    if spec.training is not None:
+        env[contract.TRAINING] = spec.training.model_dump_json()
+    if spec.command is not None:
+        env[contract.COMMAND] = json.dumps(spec.command)
+    return env
+
+
+def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = None, strategy: str = "auto") -> Plan:
+    """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU."""
+    now = time.time()
+    run_id = new_run_id(spec.name, now)
+    storage_url = resolve_storage(spec, storage, cloud=False)
+    run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
+    deadline = now + spec.teardown.max_runtime
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline)
+    env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
+    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline)
+
+
+def check_image_for_cloud(image: str) -> None:
+    """A TPU VM pulls the image itself: it must name a registry (Artifact Registry, gcr.io, a host of one's own)."""
+    try:
+        ref = ImageRef.parse(image)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if ref.host is None:
+        raise PlanError(
+            f"image {image!r} names no registry, so a TPU VM cannot pull it",
+            hint="push it to Artifact Registry and use REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG",
+        )
+    if problem := ref.artifact_registry_problem:
+        raise PlanError(f"image {image!r}: {problem}")
+
+
+def _accelerator(name: str) -> catalog.AcceleratorType:
+    try:
+        return catalog.accelerator(name)
+    except catalog.CatalogError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, [t.name for t in catalog.all_types()], n=3, cutoff=0.6)
+        raise PlanError(str(exc), hint=f"did you mean {', '.join(close)}?" if close else None) from None
+
+
+def resolve_cloud_target(
+    spec: JobSpec, run_id: str, *, project: str | None, zone: str | None, environ: dict[str, str] | None = None
+) -> CloudTarget:
+    """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials."""
+    from runner.plan import gcloud as gcloud_config
+
+    acc = spec.accelerator
+    accel = _accelerator(acc.type)
+    project = acc.project or project or gcloud_config.default_project(environ)
+    if not project:
+        raise PlanError(
+            "no Google Cloud project",
+            hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
+        )
+    zones = tuple(acc.candidate_zones) or ((zone,) if zone else ())
+    if not zones and (default := gcloud_config.default_zone(environ)):
+        zones = (default,)
+    if not zones:
+        raise PlanError(
+            "no zone for the TPU VM",
+            hint=f"{accel.name} is offered in {', '.join(accel.zones)}; set "
+            "accelerator.zone(s), pass --zone, or `gcloud config set compute/zone ZONE`",
+        )
+    offered = [z for z in zones if z in accel.zones]
+    missing = [z for z in zones if z not in accel.zones]
+    if missing and not acc.node:
+        raise PlanError(
+            f"{accel.name} is not offered in {', '.join(missing)}",
+            hint=f"{accel.name} is offered in {', '.join(accel.zones)}",
+        )
+    runtime = acc.runtime_version or accel.generation.default_runtime
+    if not accel.runtime_ok(runtime):
+        raise PlanError(
+            f"runtime version {runtime!r} does not run on {accel.name}",
+            hint=f"{accel.generation.name} takes {', '.join(accel.generation.runtimes)}"
+            + (" (the -pod variant on multi-host slices)" if runtime.startswith("tpu-vm-tf-") else ""),
+        )
+    trainer_workers = "all"
+    if spec.training is not None:
+        if not accel.generation.tensorflow:
+            raise PlanError(
+                f"the built-in trainer is TensorFlow, which Cloud TPU does not support on {accel.generation.name}",
+                hint="use v5litepod, v5p or v4, or run your own `command`",
+            )
+        if accel.multi_host:
+            # Google's TF pod CI: the script runs on worker 0 with TPUClusterResolver(tpu=<node>); the other
+            # hosts serve through the TPU runtime of a tpu-vm-tf-*-pod-* image.
+            trainer_workers = "0"
+            if not runtime.startswith("tpu-vm-tf-"):
+                raise PlanError(
+                    f"{accel.name} has {accel.hosts} hosts: TensorFlow needs a tpu-vm-tf-X.Y.Z-pod-pjrt "
+                    f"runtime there, not {runtime!r}",
+                    hint="set accelerator.runtime_version",
+                )
+    return CloudTarget(
+        project=project,
+        zones=tuple(offered) if offered else zones,
+        accelerator=accel,
+        runtime_version=runtime,
+        node_id=acc.node or run_id,
+        attach_node=acc.node,
+        trainer_workers=trainer_workers,
+        price_per_hour=accel.price_per_hour(spot=acc.spot),
+    )
+
+
+def plan_cloud(
+    spec: JobSpec,
+    spec_path: str | None,
+    *,
+    storage: str | None = None,
+    project: str | None = None,
+    zone: str | None = None,
+    environ: dict[str, str] | None = None,
+    now: float | None = None,
+    run_suffix: str | None = None,
+    nonce: str | None = None,
+) -> Plan:
+    """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying.
+    `now`, `run_suffix` and `nonce` pin what is otherwise unique to each submit (golden tests)."""
+    now = now or time.time()
+    run_id = new_run_id(spec.name, now, run_suffix)
+    storage_url = resolve_storage(spec, storage, cloud=True)
+    check_image_for_cloud(spec.image)
+    for key, value in spec.env.items():
+        if "\n" in value or "\0" in value:
+            raise PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")
+    target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
+    run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
+    workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
+    deadline = now + spec.teardown.max_runtime
+    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
+    env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+    if target.trainer_workers == "0":
+        env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
+    if spec.training is not None and spec.training.keras == "auto":
+        env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
+    return Plan(
+        spec,
+        spec_path,
+        run_id,
+        "tpu-vm",
+        storage_url,
+        run_dir,
+        env,
+        now,
+        deadline,
+        num_workers=workers,
+        attach=target.attach_node is not None,
+        cloud=target,
+        **({"nonce": nonce} if nonce else {}),
+    )

@@ -1,0 +1,54 @@
+"""How often the runner polls and how long it backs off: one place, read once at the top (the CLI) and handed down.
+
+The defaults suit the real Cloud TPU API (a create takes minutes; its quotas count every read). A rehearsal on the
+emulators does not need to wait that long: $RUNNER_TIMINGS overrides any of them, e.g.
+
+    RUNNER_TIMINGS="api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1"
+
+which the test suite and the fault table use. A value that is not a known field or not a positive number is a
+UsageError, not silence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV = "RUNNER_TIMINGS"
+
+
+@dataclass(frozen=True)
+class Timings:
+    api_poll_s: float = 5.0  # TPU API: between reads of a node or an operation being waited on
+    api_backoff_s: float = 5.0  # first wait after a stockout in every zone (doubling, up to 60 s)
+    api_retry_initial_s: float = 1.0  # first retry of a 429/503 (doubling, up to 20 s)
+    api_retry_deadline_s: float = 120.0  # retries of one request stop after this long
+    follow_local_s: float = 0.5  # reads of a local run directory
+    follow_gcs_s: float = 2.0  # reads of a run directory on Cloud Storage (each costs requests)
+    machine_status_every_s: float = 10.0  # the backend's word on a machine, while following it
+    sweep_poll_s: float = 2.0  # `runner gc`: between checks that orphans are gone
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:
+        from runner.errors import UsageError
+
+        text = (os.environ if environ is None else environ).get(ENV, "").strip()
+        if not text:
+            return cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, float] = {}
+        for item in text.split(","):
+            key, _, raw = item.strip().partition("=")
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if key not in known or not value > 0:
+                raise UsageError(
+                    f"${ENV}: {item.strip()!r} is not NAME=SECONDS with a positive number",
+                    hint=f"names: {', '.join(sorted(known))}",
+                )
+            values[key] = value
+        return cls(**values)

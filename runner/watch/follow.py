@@ -1,0 +1,75 @@
+"""Follow a run through its run directory: new log output, exit records, heartbeat.
+
+Only the run directory is read, so the same code follows a local process, a TPU VM, or a run whose submitting
+runner died long ago (`runner logs RUN -f`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from runner import contract
+from runner.storage import Storage
+from runner.watch.events import Event, read_events
+from runner.watch.rundir import Snapshot, read_snapshot
+
+
+class LogTail:
+    """Reads a worker's log from where it left off (a ranged read on Cloud Storage)."""
+
+    def __init__(self, run_dir: Storage, worker: int = 0, offset: int = 0) -> None:
+        self.run_dir = run_dir
+        self.key = contract.log_key(worker)
+        self.offset = offset
+
+    def read_new(self) -> bytes:
+        data = self.run_dir.read_bytes(self.key, start=self.offset) or b""
+        self.offset += len(data)
+        return data
+
+
+def follow(
+    run_dir: Storage,
+    on_output: Callable[[bytes], None],
+    *,
+    num_workers: int = 1,
+    worker: int = 0,
+    interval_s: float = 1.0,
+    stop: Callable[[Snapshot], bool] | None = None,
+    machine_gone: Callable[[], bool] | None = None,
+    tail: LogTail | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    seen_events: set[tuple[float, str, str]] | None = None,
+) -> Snapshot:
+    """Stream `worker`'s log until every worker has an exit record, `stop(snapshot)` says so, or the machine is
+    gone (then one last read catches what it wrote before it went). Returns the last snapshot."""
+    tail = tail or LogTail(run_dir, worker)
+    seen = seen_events if seen_events is not None else set()
+
+    def new_events() -> None:
+        if on_event is None:
+            return
+        for event in read_events(run_dir):
+            key = (event.time, event.source, event.event)
+            if key not in seen:
+                seen.add(key)
+                on_event(event)
+
+    while True:
+        new_events()
+        chunk = tail.read_new()
+        if chunk:
+            on_output(chunk)
+        snapshot = read_snapshot(run_dir, with_metrics=False)
+        done = len(snapshot.exits) >= num_workers or (stop is not None and stop(snapshot))
+        if not done and machine_gone is not None and machine_gone():
+            snapshot = read_snapshot(run_dir, with_metrics=False)
+            done = True
+        if done:
+            new_events()
+            chunk = tail.read_new()
+            if chunk:
+                on_output(chunk)
+            return snapshot
+        time.sleep(interval_s)

@@ -1,0 +1,141 @@
+"""Run records: what this machine's runner knows about the runs it submitted ($RUNNER_HOME/runs/<id>.json).
+
+A record holds where the run directory is and the backend's handle, so `runner status`, `logs` and `list` work
+from another shell, or after the submitting process died. Everything else about a run is read from its run
+directory; a lost record only costs the shortcut (`runner status <run-dir>` still works).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runner.errors import RunNotFound, StorageError
+from runner.storage.local import write_atomic
+from runner.watch.state import RunState
+
+# What a run id can be (plan.new_run_id writes <name>-<stamp>-<hex>); also a prefix of one, for `runner status`.
+# fullmatch, not '$', which would let a trailing newline through; 200 keeps "<id>.json" within a file name's limit.
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def runner_home() -> Path:
+    """$RUNNER_HOME, else $XDG_STATE_HOME/tpu-runner, else ~/.local/state/tpu-runner."""
+    if os.environ.get("RUNNER_HOME"):
+        return Path(os.environ["RUNNER_HOME"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tpu-runner"
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    job: str
+    backend: str
+    run_dir: str
+    spec_path: str | None = None
+    created_at: float
+    deadline: float | None = None
+    num_workers: int = 1
+    state: RunState = RunState.PENDING
+    finished_at: float | None = None
+    handle: dict[str, Any] = Field(default_factory=dict)
+    reason: str | None = None  # why a run ended as it did, when the runner decided it (a deadline, a silent VM)
+
+    def updated(self, **changes: Any) -> RunRecord:
+        return self.model_copy(update=changes)
+
+
+def _path(run_id: str) -> Path:
+    return runner_home() / "runs" / f"{run_id}.json"
+
+
+def save(record: RunRecord) -> RunRecord:
+    write_atomic(_path(record.run_id), record.model_dump_json(indent=1).encode())
+    return record
+
+
+def _read(path: Path) -> RunRecord:
+    """One record file. StorageError (exit 4) naming the file when it cannot be read or is not a record: the run
+    it describes may well exist, so "no such run" (exit 3) would send a script the wrong way."""
+    try:
+        record = RunRecord.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise StorageError(f"run record {path} cannot be read: {exc.strerror}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        reason = first["msg"] if first["type"] == "json_invalid" else f"{where or 'record'}: {first['msg']}"
+        raise StorageError(
+            f"run record {path} is corrupt: {reason}",
+            hint="delete it; the run directory (<storage>/runs/<run id>) still has everything "
+            "`runner status <run directory>` needs",
+        ) from None
+    if not valid_run_id(record.run_id):  # save() names the file after it: a '/' in it would write elsewhere
+        raise StorageError(f"run record {path} is corrupt: {record.run_id!r} is not a run id")
+    return record
+
+
+def valid_run_id(text: str) -> bool:
+    """Whether `text` can be a run id (or a prefix of one). A record's file name is the run id, so an id read from
+    a command line or someone's run.json must pass this before it names a file: no '/', no '..' at the start."""
+    return bool(_RUN_ID_RE.fullmatch(text))
+
+
+def load(run_id: str) -> RunRecord:
+    """The record of `run_id`, or of the one run whose id starts with it."""
+    if not valid_run_id(run_id):
+        raise RunNotFound(
+            f"{run_id!r} is not a run id (lowercase letters, digits and '-')",
+            hint="`runner list` shows the runs submitted here",
+        )
+    path = _path(run_id)
+    if not path.exists():
+        stems = sorted(p.stem for p in _record_files() if p.stem.startswith(run_id))
+        if len(stems) > 1:
+            raise RunNotFound(f"{run_id!r} matches {len(stems)} runs: " + ", ".join(stems[:5]))
+        if not stems:
+            raise RunNotFound(
+                f"no run {run_id!r} on this machine",
+                hint="`runner list` shows the runs submitted here; "
+                "`runner status <run directory>` reads any run directory directly",
+            )
+        path = _path(stems[0])
+    return _read(path)
+
+
+def _record_files() -> list[Path]:
+    directory = runner_home() / "runs"
+    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+
+
+def list_records(problems: list[str] | None = None) -> list[RunRecord]:
+    """Every readable record, newest first. One that cannot be read is skipped, and named in `problems` when it is
+    given, so that one corrupt file hides neither the other runs nor itself."""
+    out = []
+    for path in _record_files():
+        try:
+            out.append(_read(path))
+        except StorageError as exc:
+            if problems is not None:
+                problems.append(exc.message)
+    return sorted(out, key=lambda r: r.created_at, reverse=True)
+
+
+def record_from_run_dir(run_info: dict[str, Any], run_dir: str) -> RunRecord:
+    """A record rebuilt from a run directory's run.json (a run submitted elsewhere)."""
+    return RunRecord.model_validate({**run_info, "run_dir": run_dir, "state": RunState.PENDING})
+
+
+def run_info(record: RunRecord) -> bytes:
+    """run.json: the part of the record that belongs in the run directory."""
+    fields = record.model_dump(
+        mode="json", include={"run_id", "job", "backend", "created_at", "deadline", "num_workers", "handle"}
+    )
+    return json.dumps(fields, indent=1).encode()

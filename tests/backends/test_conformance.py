@@ -1,0 +1,120 @@
+"""One conformance suite for every backend: the local process backend and the TPU VM backend on the emulators go
+through the same cases, holding each to the Backend contract (runner/backends/base.py): the handle is announced
+before anything is created, the machine runs the job through the run-directory contract, a machine taken away is
+seen as gone, teardown is idempotent and confirms, and a handle that is not the backend's is a clear error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.backends.base import Backend, MachineState
+from runner.backends.local import LocalBackend
+from runner.backends.tpu_vm import TpuVmBackend
+from runner.errors import StorageError
+from runner.plan.planner import Plan, plan_cloud, plan_local
+from runner.spec.loader import load_spec_text
+from runner.storage import open_storage
+from runner.timings import Timings
+from runner.watch.rundir import read_snapshot
+from tests.cloudjobs import IMAGE
+
+GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
+
+
+@dataclass
+class Subject:
+    backend: Backend[Any]
+    plan: Plan
+    take_away: Callable[[Any], None]  # what a provider (or a crash) does to the machine under the runner
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def spec_text(storage: str, seconds: int) -> str:
+    script = f"import time; print('on the machine', flush=True); time.sleep({seconds})"
+    return textwrap.dedent(f"""\
+        name: conform
+        image: {IMAGE}
+        command: [python, -c, "{script}"]
+        accelerator: {{type: v2-8, zone: us-central1-b, project: test-project}}
+        storage: {storage}
+        """)
+
+
+def local_subject(tmp_path: Path, seconds: int) -> Subject:
+    spec = load_spec_text(spec_text(str(tmp_path / "store"), seconds).replace("python,", f"{sys.executable},"))
+    backend = LocalBackend(prefer="process")
+
+    def kill(handle: Any) -> None:
+        os.killpg(handle.pgid, signal.SIGKILL)
+
+    return Subject(backend, plan_local(spec, None), kill)
+
+
+@pytest.fixture(params=["local", "tpu-vm"])
+def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[int], Subject]]:
+    """A factory: a backend and a plan whose job sleeps `seconds`."""
+    if request.param == "local":
+        yield lambda seconds: local_subject(tmp_path, seconds)
+        return
+    cloud = request.getfixturevalue("cloud")
+
+    def make(seconds: int) -> Subject:
+        spec = load_spec_text(spec_text(f"gs://runner-test/{uuid.uuid4().hex[:8]}", seconds))
+        backend = TpuVmBackend(say=lambda s: None, timings=Timings.from_env())
+        return Subject(backend, plan_cloud(spec, None, environ={}), lambda h: cloud.preempt(h.node_id))
+
+    yield make
+
+
+def test_a_handle_is_announced_before_the_machine_and_runs_the_job(subject: Callable[[int], Subject]) -> None:
+    s = subject(0)
+    announced: list[Any] = []
+    handle = s.backend.provision(s.plan, announced.append)
+    try:
+        assert announced and announced[-1] == handle  # on_handle came first, with what was then created
+        assert s.backend.handle_from_dict(handle.to_dict()) == handle
+        storage = open_storage(s.plan.run_dir)
+        (done,) = wait_for(lambda: read_snapshot(storage).exits, what="the job's exit record")
+        assert done.state == "succeeded"
+        assert b"on the machine" in (storage.read_bytes("logs/worker-0.log") or b"")
+    finally:
+        assert s.backend.teardown(handle) is True
+    assert s.backend.status(handle) in GONE
+
+
+def test_a_machine_taken_away_is_gone_and_teardown_is_idempotent(subject: Callable[[int], Subject]) -> None:
+    s = subject(300)
+    handle = s.backend.provision(s.plan, lambda h: None)
+    storage = open_storage(s.plan.run_dir)
+    wait_for(lambda: storage.read_bytes("heartbeat"), what="the job's heartbeat")
+    assert s.backend.status(handle) == MachineState.RUNNING
+    s.take_away(handle)
+    wait_for(lambda: s.backend.status(handle) in GONE, what="the machine to be seen gone")
+    assert s.backend.teardown(handle) is True
+    assert s.backend.teardown(handle) is True  # twice: nothing left, no error
+    assert s.backend.status(handle) == MachineState.GONE
+
+
+def test_a_handle_of_another_backend_is_a_storage_error(subject: Callable[[int], Subject]) -> None:
+    s = subject(0)
+    with pytest.raises(StorageError, match="machine handle"):
+        s.backend.handle_from_dict({"bogus": 1})

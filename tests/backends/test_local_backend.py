@@ -1,0 +1,161 @@
+"""The local backend as users drive it: the real `runner` command in a terminal-like subprocess, signals and all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runner import contract
+from runner.backends import container
+from runner.watch.runs import RunRecord
+
+RUNNER = [sys.executable, "-m", "runner.cli"]
+LONG_JOB = "import time; print('started', flush=True); time.sleep(120)"
+
+
+def job_file(tmp_path: Path, script: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: sig
+        image: trainer:test
+        command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
+        storage: {tmp_path / "store"}
+        """)
+    )
+    return path
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def only_record(home: Path) -> RunRecord:
+    (path,) = list((home / "runs").glob("*.json"))
+    return RunRecord.model_validate_json(path.read_text())
+
+
+def log_of(record: RunRecord) -> str:
+    path = Path(record.run_dir) / contract.log_key(0)
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
+    tmp_path: Path, runner_home: Path, signum: int
+) -> None:
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", str(job_file(tmp_path, LONG_JOB)), "--local"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: (
+            (runner_home / "runs").is_dir()
+            and any((runner_home / "runs").glob("*.json"))
+            and "started" in log_of(only_record(runner_home))
+        ),
+        what="the job to start",
+    )
+    record = only_record(runner_home)
+    job_pgid = record.handle["pgid"]
+    assert container.group_alive(job_pgid)
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "stopping the run" in out and "cancelled" in out
+    assert "Traceback" not in out
+    assert not container.group_alive(job_pgid), "the job's processes outlived the runner"
+    final = only_record(runner_home)
+    assert final.state == "cancelled" and final.finished_at
+    exit_record = json.loads((Path(final.run_dir) / contract.exit_key(0)).read_text())
+    assert exit_record["state"] == "cancelled"
+    events = [
+        json.loads(line)["event"] for line in (Path(final.run_dir) / "events" / "runner.jsonl").read_text().splitlines()
+    ]
+    assert events[-4:] == ["cancel_requested", "teardown_requested", "teardown_done", "finished"]
+
+
+def test_runner_killed_the_job_lives_on_and_status_logs_follow_it(tmp_path: Path, runner_home: Path) -> None:
+    script = "import time\nfor i in range(6):\n    print('tick', i, flush=True); time.sleep(0.5)\n"
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", str(job_file(tmp_path, script)), "--local"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(
+        lambda: (runner_home / "runs").is_dir() and "tick 0" in log_of(only_record(runner_home)), what="the first tick"
+    )
+    proc.kill()  # SIGKILL: no cleanup at all
+    proc.wait()
+    record = only_record(runner_home)
+    status = subprocess.run([*RUNNER, "status", record.run_id, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(status.stdout)["state"] in ("running", "succeeded")
+    logs = subprocess.run(
+        [*RUNNER, "logs", record.run_id, "--follow"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "tick 5" in logs.stdout  # followed to the end, from another process
+    final = subprocess.run([*RUNNER, "status", record.run_id, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(final.stdout)["state"] == "succeeded"
+
+
+def test_detach_returns_at_once(tmp_path: Path, runner_home: Path) -> None:
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [*RUNNER, "submit", str(job_file(tmp_path, LONG_JOB)), "--local", "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert time.monotonic() - t0 < 30
+    assert "runner logs" in out.stdout
+    record = only_record(runner_home)
+    try:
+        wait_for(lambda: "started" in log_of(record), what="the detached job to start")
+        status = subprocess.run(
+            [*RUNNER, "status", record.run_id, "--json"], capture_output=True, text=True, check=True
+        )
+        assert json.loads(status.stdout)["state"] == "running"
+    finally:
+        container.stop_group(record.handle["pgid"], grace_s=5)
+
+
+def test_docker_command_line_keeps_values_off_argv() -> None:
+    argv = container.docker_argv(
+        "img:1",
+        "runner-x",
+        {"RUNNER_RUN_ID": "x", "SECRET": "hunter2"},
+        [("/data", "/data", True), ("/runs", "/runs", False)],
+        gpus=True,
+    )
+    assert argv[:5] == ["docker", "run", "--rm", "--name", "runner-x"]
+    assert "hunter2" not in " ".join(argv)
+    assert argv[argv.index("SECRET") - 1 : argv.index("SECRET") + 1] == ["-e", "SECRET"]
+    assert argv[argv.index("--gpus") : argv.index("--gpus") + 2] == ["--gpus", "all"]
+    assert "/data:/data:ro" in argv and "/runs:/runs" in argv
+    assert argv[-1] == "img:1"
+
+
+def test_without_docker_the_entrypoint_runs_as_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker client on PATH
+    launch = container.plan_launch("img:1", {"A": "1"}, name="n", data_dir=tmp_path, storage_root=None)
+    assert launch.mode == "process"
+    assert launch.argv == [sys.executable, "-m", "runner.worker"]
+    assert "no Docker engine" in launch.reason
+    assert launch.env["RUNNER_DATA_DIR"] == str(tmp_path)
+    assert os.environ["PATH"] == str(tmp_path)

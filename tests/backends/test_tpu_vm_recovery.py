@@ -1,0 +1,169 @@
+"""What the runner created, against a world it did not write: name collisions, failing deletes, silent VMs, a runner
+killed while creating, API errors while polling operations. The real google-cloud-tpu client and the real bootstrap
+on the emulators; each test states the promise it holds the runner to."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from runner.backends.tpu_vm import TpuVmBackend, TpuVmHandle
+from runner.cli import app
+from runner.errors import BackendError
+from runner.storage import open_storage
+from runner.teardown.interrupts import hurry
+from runner.timings import Timings
+from tests.cloudjobs import events, job, run_id_of, submit
+
+QUICK = "command: [python, -c, 'print(\"done on the vm\")']\n"
+ZONE, PROJECT = "us-central1-b", "test-project"
+FAST = Timings(api_poll_s=0.1, api_retry_initial_s=0.1)
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_name_collision_never_deletes_the_other_runs_node(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.collision(ZONE)
+    result = submit(str(job(tmp_path, bucket_url, QUICK)))
+    assert result.exit_code == 0, result.output
+    run_id = run_id_of(result.output)
+    assert f"TPU node {run_id} exists already (run another-run)" in result.output
+    assert "done on the vm" in result.output
+    (theirs,) = cloud.nodes()  # ours was created under a new name, ran, and is gone; theirs is untouched
+    assert theirs.node_id == run_id and theirs.state == "READY" and theirs.labels["tpu-runner-run"] == "another-run"
+    deletes = [r.path for r in cloud.requests if r.method == "DELETE"]
+    assert deletes and all(not p.endswith(f"/nodes/{run_id}") for p in deletes), deletes
+
+
+def test_a_silent_vm_is_replaced_once_then_the_run_fails_with_the_reason(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    cloud.boot_hang(ZONE, count=1)
+    spec = job(tmp_path, bucket_url, QUICK + "teardown: {boot_timeout: 10}\n")
+    once = submit(str(spec))
+    assert once.exit_code == 0, once.output
+    assert "without a word from its startup script" in once.output and "creating it once more" in once.output
+    assert "journalctl -u google-startup-scripts" in once.output  # where to look on a real VM
+    assert "done on the vm" in once.output and not cloud.nodes()
+
+    cloud.boot_hang()  # every VM from now on
+    twice = submit(str(spec))
+    assert twice.exit_code == 6, twice.output
+    assert "reason" in twice.output and "teardown.boot_timeout" in twice.output
+    assert "Traceback" not in twice.output
+    assert not cloud.nodes(), "a silent VM was left billing"
+    kinds = [e["event"] for e in events(f"{bucket_url}/runs/{run_id_of(twice.output)}")]
+    assert kinds.count("boot_timeout") == 2 and kinds.count("provisioned") == 2
+
+
+def test_delete_operations_are_read_and_retried_or_reported(cloud) -> None:  # type: ignore[no-untyped-def]
+    backend = TpuVmBackend(say=lambda s: None, timings=FAST, delete_timeout_s=30)
+    cloud.create_node_direct(PROJECT, ZONE, "flaky", labels={"managed-by": "tpu-runner"})
+    cloud.delete_fails(ZONE, count=1, message="Internal error.")  # transient: asked again
+    backend.teardown(TpuVmHandle(PROJECT, ZONE, "flaky", created=True))
+    assert cloud.node("flaky") is None
+
+    cloud.create_node_direct(PROJECT, ZONE, "stuck", labels={"managed-by": "tpu-runner"})
+    cloud.delete_fails(ZONE, status="FAILED_PRECONDITION", message="The node cannot be deleted now.")
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as caught:
+        backend.teardown(TpuVmHandle(PROJECT, ZONE, "stuck", created=True))
+    assert time.monotonic() - t0 < 15, "a failed delete was waited on instead of read"
+    assert "cannot be deleted now" in caught.value.message and "still there" in caught.value.message
+    assert "gcloud compute tpus tpu-vm delete stuck" in (caught.value.hint or "")
+
+
+def test_a_second_interrupt_stops_waiting_and_says_what_is_left(cloud) -> None:  # type: ignore[no-untyped-def]
+    said: list[str] = []
+    backend = TpuVmBackend(say=said.append, timings=FAST, delete_timeout_s=600)
+    cloud.create_node_direct(PROJECT, ZONE, "slow-to-go", labels={"managed-by": "tpu-runner"})
+    cloud.slow_delete(120, zone=ZONE)
+    hurry.set()  # as the second Ctrl-C during teardown does
+    try:
+        t0 = time.monotonic()
+        backend.teardown(TpuVmHandle(PROJECT, ZONE, "slow-to-go", created=True))
+    finally:
+        hurry.clear()
+    assert time.monotonic() - t0 < 10
+    assert cloud.node("slow-to-go").state == "DELETING"  # the request went out before the wait was cut short
+    assert any("stopped waiting" in s and "gcloud compute tpus tpu-vm delete slow-to-go" in s for s in said)
+
+
+@pytest.mark.parametrize(
+    ("inject", "words"),
+    [
+        (lambda e: e.deny("tpu.operations.get"), "permission denied to read operation"),
+        (lambda e: e.http_errors(404, count=None, method="GET", path="/operations/"), "not found while trying to read"),
+    ],
+)
+def test_errors_while_polling_the_create_are_one_message(
+    cloud, tmp_path: Path, bucket_url: str, inject, words: str
+) -> None:  # type: ignore[no-untyped-def]
+    inject(cloud)
+    result = submit(str(job(tmp_path, bucket_url, QUICK)))
+    assert result.exit_code == 5, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert "%24alt" not in result.output  # the request URL is for RUNNER_DEBUG, not for the message
+    assert not cloud.nodes(), "the half-created node was left behind"
+
+
+def test_rate_limits_while_polling_are_retried(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    cloud.rate_limit(count=2, method="GET", path="/operations/")
+    result = submit(str(job(tmp_path, bucket_url, QUICK)))
+    assert result.exit_code == 0, result.output
+    assert sum(r.status == 429 for r in cloud.requests) == 2
+
+
+def test_runner_killed_while_creating_then_down_deletes_the_node(
+    cloud, tmp_path: Path, bucket_url: str, runner_home: Path
+) -> None:  # type: ignore[no-untyped-def]
+    cloud.slow_create(120, zone=ZONE)
+    spec = job(tmp_path, bucket_url, QUICK)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "submit", str(spec)],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        node = wait_for(lambda: next((n for n in cloud.nodes() if n.state == "CREATING"), None), what="CREATING")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    (record,) = [json.loads(p.read_text()) for p in (runner_home / "runs").glob("*.json")]
+    assert record["handle"]["node_id"] == node.node_id and record["handle"]["zone"] == ZONE
+    run_info = json.loads(open_storage(record["run_dir"]).read_bytes("run.json") or b"{}")
+    assert run_info["handle"]["node_id"] == node.node_id  # in the run directory too, for another machine's `down`
+    down = CliRunner().invoke(app, ["down", record["run_id"]], catch_exceptions=False)
+    assert down.exit_code == 0, down.output
+    assert not cloud.nodes()
+    status = CliRunner().invoke(app, ["status", record["run_id"], "--json"], catch_exceptions=False)
+    assert json.loads(status.output)["state"] == "cancelled"
+
+
+def test_gc_tries_every_orphan_and_reports_each(cloud) -> None:  # type: ignore[no-untyped-def]
+    past = {"managed-by": "tpu-runner", "tpu-runner-deadline": str(int(time.time()) - 60)}
+    for name in ("old-a", "old-b", "old-c"):
+        cloud.create_node_direct(PROJECT, ZONE, name, labels=past)
+    cloud.deny("tpu.nodes.delete", count=1)  # the first delete request is refused
+    result = CliRunner().invoke(app, ["gc", "--project", PROJECT, "--zone", ZONE], catch_exceptions=False)
+    assert result.exit_code == 5, result.output
+    assert result.output.count("could not delete node") == 1 and result.output.count("deleted node") == 2
+    assert "1 of 3 deletion(s) failed" in result.output
+    assert len(cloud.nodes()) == 1

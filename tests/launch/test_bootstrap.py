@@ -1,0 +1,225 @@
+"""The TPU VM startup script: shellcheck-clean, and no spec value can run as shell on the VM.
+
+The rendered script is executed for real by bash, with `docker` and `curl` replaced by recording stand-ins on
+PATH (the only two programs it talks to the world through), so the test sees exactly what a VM would do.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.launch.bootstrap import TEMPLATE, env_file, render
+from runner.plan.planner import plan_cloud
+from runner.spec import JobSpec
+from tests.conftest import REPO
+
+IMAGE = "us-central1-docker.pkg.dev/my-project/tpu-runner/trainer:v1"
+ATTACKS = [
+    "'; touch {m}; '",
+    "$(touch {m})",
+    "`touch {m}`",
+    '"; touch {m}; "',
+    "\\'$(touch {m})\\'",
+    "a\\",
+    "$HOME",
+    "x && touch {m}",
+    "|| touch {m}",
+    "{{a,b}}",
+]
+
+FAKE_CURL = """#!/bin/bash
+# Records every call; answers like the metadata server and Cloud Storage would.
+printf '%s\\n' "$*" >> "$FAKE_LOG/curl.log"
+url="${@: -1}"
+case "$url" in
+  *agent-worker-number) echo 0 ;;
+  *service-accounts/default/token) echo '{"access_token": "tok", "expires_in": 3599}' ;;
+  *uploadType=media*)
+    for ((i = 1; i <= $#; i++)); do
+      if [ "${!i}" = --data-binary ]; then j=$((i + 1)); cp "${!j#@}" "$FAKE_LOG/upload.$RANDOM"; fi
+    done ;;
+  */storage/v1/b/*) exit 22 ;;
+esac
+exit 0
+"""
+
+FAKE_DOCKER = """#!/bin/bash
+printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
+if [ "$1" = run ]; then
+  for ((i = 1; i <= $#; i++)); do
+    if [ "${!i}" = --env-file ]; then j=$((i + 1)); cp "${!j}" "$FAKE_LOG/job.env"; fi
+  done
+fi
+exit 0
+"""
+
+
+def harness(tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[dict[str, str], Path]:
+    """PATH with the recording `curl` and `docker` first; returns the environment and the recording folder."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, body in (("curl", FAKE_CURL), ("docker", docker)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "TMPDIR": str(tmp_path),
+        "HOME": str(tmp_path),
+    }
+    return env, log
+
+
+def run_script(script: str, tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[subprocess.CompletedProcess[str], Path]:
+    env, log = harness(tmp_path, docker)
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+    return result, log
+
+
+def cloud_spec(**fields: object) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "boot",
+            "image": IMAGE,
+            "training": {},
+            "storage": "gs://my-bucket/p",
+            "accelerator": {"type": "v2-8", "zone": "us-central1-b", "project": "my-project"},
+            **fields,
+        }
+    )
+
+
+def hostile_spec(marker: Path) -> JobSpec:
+    attacks = [a.format(m=marker) for a in ATTACKS]
+    return JobSpec.model_validate(
+        {
+            "name": "inj",
+            "image": IMAGE,
+            "command": ["sh", "-c", f"touch {marker}"],  # runs in the container, never on the VM host
+            "env": {f"V{i}": a for i, a in enumerate(attacks)},
+            "storage": f"gs://my-bucket/p/{attacks[0]}/{attacks[1]}",
+            "accelerator": {"type": "v2-8", "zone": "us-central1-b", "project": "my-project"},
+        }
+    )
+
+
+def shellcheck(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    return subprocess.run([exe, "--severity=style", *extra, str(path)], capture_output=True, text=True, check=False)
+
+
+def test_template_and_rendered_scripts_are_shellcheck_clean(tmp_path: Path) -> None:
+    rendered = tmp_path / "rendered.sh"
+    rendered.write_text(render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b"))
+    for path in (TEMPLATE, REPO / "runner" / "launch" / "startup-script.sh", rendered):
+        result = shellcheck(path)
+        assert result.returncode == 0, result.stdout
+    # With hostile values, shellcheck only notes (SC2016) that '$(...)' stays literal in single quotes: the point.
+    rendered.write_text(render(plan_cloud(hostile_spec(tmp_path / "m"), None, environ={}), "us-central1-b"))
+    result = shellcheck(rendered, "--exclude=SC2016")
+    assert result.returncode == 0, result.stdout
+
+
+def test_no_spec_value_runs_as_shell(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    s = hostile_spec(marker)
+    p = plan_cloud(s, None, environ={})
+    result, log = run_script(render(p, "us-central1-b"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists(), "a spec value was executed by the bootstrap"
+    # Every hostile value reached the container's environment byte for byte.
+    job_env = (log / "job.env").read_text().splitlines()
+    for key, value in s.env.items():
+        assert f"{key}={value}" in job_env
+    assert f"RUNNER_COMMAND={json.dumps(s.command)}" in job_env
+    assert "RUNNER_WORKER_ID=0" in job_env
+    docker = (log / "docker.log").read_text()
+    assert f"pull {IMAGE}" in docker
+    assert "run --rm --name tpu-runner-job --privileged --net=host --env-file" in docker
+    # The run directory's odd prefix is percent-encoded into the upload URL, never expanded.
+    curl = (log / "curl.log").read_text()
+    assert "name=p%2F%27%3B%20touch%20" in curl
+
+
+def test_every_value_is_quoted_in_the_values_block(tmp_path: Path) -> None:
+    p = plan_cloud(hostile_spec(tmp_path / "m"), None, environ={})
+    script = render(p, "us-central1-b")
+    block = script.split("# --- values (rendered by runner/bootstrap.py) ---\n")[1].split("# --- end values ---")[0]
+    probe = block + 'printf "%s\\n" "$RUN_DIR" "$IMAGE" "$NODE" "$JOB_ENV_B64"\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == p.run_dir and out[1] == IMAGE and out[2] == p.run_id
+    assert base64.b64decode(out[3]).decode() == env_file(p.env)
+
+
+def test_image_pull_failure_is_recorded_and_the_node_deleted(tmp_path: Path) -> None:
+    script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b").replace(
+        "sleep $((attempt * 2))", "true"
+    )
+    failing_docker = textwrap.dedent("""\
+        #!/bin/bash
+        printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
+        [ "$1" = pull ] && { echo "Error response from daemon: manifest unknown" >&2; exit 1; }
+        exit 0
+        """)
+    result, log = run_script(script, tmp_path, docker=failing_docker)
+    assert result.returncode == 125
+    uploads = [json.loads(p.read_text()) for p in log.glob("upload.*") if p.read_text().startswith('{"worker"')]
+    assert uploads and uploads[-1]["state"] == "failed" and "docker pull" in uploads[-1]["error"]
+    curl = (log / "curl.log").read_text()
+    assert "-X DELETE" in curl and "/v2/projects/my-project/locations/us-central1-b/nodes/boot-" in curl
+    assert (log / "docker.log").read_text().count("pull ") == 3  # retried before giving up
+    assert "run " not in (log / "docker.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "deletes"),
+    [("always", 3, True), ("on_success", 3, False), ("on_success", 0, True), ("never", 0, False)],
+)
+def test_self_delete_follows_the_teardown_policy(tmp_path: Path, policy: str, code: int, deletes: bool) -> None:
+    script = render(plan_cloud(cloud_spec(teardown={"policy": policy}), None, environ={}), "us-central1-b")
+    result, log = run_script(script, tmp_path, docker=f'#!/bin/bash\n[ "$1" = run ] && exit {code}\nexit 0\n')
+    assert result.returncode == code
+    assert ("-X DELETE" in (log / "curl.log").read_text()) == deletes
+    events = [p.read_text() for p in log.glob("upload.*") if '"source": "bootstrap-0"' in p.read_text()]
+    assert f'"event": "container_exited", "exit_code": {code}' in max(events, key=len)
+
+
+def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_path: Path) -> None:
+    """Preemption or maintenance: SIGTERM to the script. The container is stopped, the node is not deleted."""
+    script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
+    docker = textwrap.dedent("""\
+        #!/bin/bash
+        printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
+        case "$1" in
+          run) echo $$ > "$FAKE_LOG/run.pid"; trap 'exit 143' TERM; touch "$FAKE_LOG/running"
+               while :; do sleep 0.1 & wait $!; done ;;
+          stop) kill -TERM "$(cat "$FAKE_LOG/run.pid")"; exit 0 ;;
+        esac
+        exit 0
+        """)
+    env, log = harness(tmp_path, docker)
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 20
+    while not (log / "running").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) != 0
+    assert "stop --time 25 tpu-runner-job" in (log / "docker.log").read_text()
+    assert "-X DELETE" not in (log / "curl.log").read_text()
+    events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
+    assert '"shutdown": true' in events

@@ -1,0 +1,160 @@
+"""The runner's own deadlines and verdicts: the Watchdog on hand-made run-directory snapshots (pure logic), and the
+hang and deadline paths end to end through `runner submit --local`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.backends.base import MachineState
+from runner.lifecycle.run import should_delete
+from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog
+from runner.plan.planner import plan_local
+from runner.spec.loader import load_spec_text
+from runner.watch.events import Event
+from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot
+from runner.watch.state import RunState
+
+RUNNER = [sys.executable, "-m", "runner.cli"]
+
+
+class Machine:
+    """A backend whose machine is in whatever state the test says (the Watchdog only asks for status)."""
+
+    ephemeral = False
+
+    def __init__(self, state: MachineState = MachineState.RUNNING) -> None:
+        self.state = state
+        self.asked = 0
+
+    def status(self, handle: Any) -> MachineState:
+        self.asked += 1
+        return self.state
+
+
+def plan_with(tmp_path: Path, teardown: str) -> Any:
+    spec = load_spec_text(
+        f"name: w\nimage: trainer:test\ncommand: [python, -c, '1']\nstorage: {tmp_path}\nteardown: {{{teardown}}}\n"
+    )
+    return plan_local(spec, None)
+
+
+def snapshot(*, exits: int = 0, beat: dict[str, Any] | None = None) -> Snapshot:
+    records = [ExitRecord(w, RunState.SUCCEEDED, 0, time.time()) for w in range(exits)]
+    return Snapshot(records, Heartbeat.from_json(beat) if beat else None, [], None)
+
+
+def event(source: str, name: str) -> Event:
+    return Event(time.time(), source, name)
+
+
+def test_exit_records_end_the_watch_before_anything_else(tmp_path: Path) -> None:
+    dog = Watchdog(plan_with(tmp_path, "max_runtime: 60"), Machine(MachineState.GONE), None, status_every_s=0)
+    dog.plan = dataclasses.replace(dog.plan, deadline=time.time() - 1)
+    assert dog.check(snapshot(exits=1)) == Verdict.FINISHED
+
+
+def test_the_runner_enforces_max_runtime_itself(tmp_path: Path) -> None:
+    plan = plan_with(tmp_path, "max_runtime: 60")
+    dog = Watchdog(plan, Machine(), None, status_every_s=0)
+    dog.on_event(event("bootstrap-0", "bootstrap_started"))
+    assert dog.check(snapshot()) is None
+    dog.plan = dataclasses.replace(plan, deadline=time.time() - 1)
+    assert dog.check(snapshot()) == Verdict.DEADLINE  # whatever the machine does: it still says RUNNING
+
+
+def test_a_machine_that_never_reports_in_is_silent_after_boot_timeout(tmp_path: Path) -> None:
+    dog = Watchdog(plan_with(tmp_path, "boot_timeout: 10"), Machine(), None, status_every_s=0)
+    assert dog.check(snapshot()) is None
+    dog.ready_at -= 11
+    assert dog.check(snapshot()) == Verdict.SILENT
+    dog.on_event(event("runner", "provisioned"))  # the runner's own events are not the machine's word
+    assert dog.check(snapshot()) == Verdict.SILENT
+    dog.on_event(event("bootstrap-0", "bootstrap_started"))
+    assert dog.check(snapshot()) is None
+
+
+def test_stalled_progress_is_hung_only_past_the_slack(tmp_path: Path) -> None:
+    dog = Watchdog(plan_with(tmp_path, "hang_timeout: 60"), Machine(), None, status_every_s=0)
+    dog.on_event(event("worker-0", "worker_started"))
+    now = time.time()
+    fresh = {"time": now, "phase": "running", "progress_at": now - 30}
+    assert dog.check(snapshot(beat=fresh)) is None
+    just_past = {"time": now, "phase": "running", "progress_at": now - 61}
+    assert dog.check(snapshot(beat=just_past)) is None  # the job's own supervisor stops it: no race with it
+    stuck = {"time": now, "phase": "running", "progress_at": now - 61 - HANG_SLACK_S}
+    assert dog.check(snapshot(beat=stuck)) == Verdict.HUNG
+    off = Watchdog(plan_with(tmp_path, "max_runtime: 600"), Machine(), None, status_every_s=0)
+    off.on_event(event("worker-0", "worker_started"))
+    assert off.check(snapshot(beat=stuck)) is None  # hang_timeout is opt-in
+
+
+def test_down_from_another_shell_and_a_vanished_machine(tmp_path: Path) -> None:
+    machine = Machine()
+    dog = Watchdog(plan_with(tmp_path, "max_runtime: 600"), machine, None, status_every_s=3600)
+    dog.on_event(event("worker-0", "worker_started"))
+    assert dog.check(snapshot()) is None and machine.asked == 1
+    machine.state = MachineState.PREEMPTED
+    assert dog.check(snapshot()) is None and machine.asked == 1  # the API is asked at most every status_every_s
+    dog._asked_at = float("-inf")
+    assert dog.check(snapshot()) == Verdict.MACHINE_GONE
+    dog.on_event(event("runner-down", "down_requested"))
+    assert dog.check(snapshot()) == Verdict.DOWN
+
+
+@pytest.mark.parametrize(
+    ("policy", "state", "delete"),
+    [
+        ("always", RunState.FAILED, True),
+        ("on_success", RunState.FAILED, False),  # kept to debug
+        ("on_success", RunState.TIMED_OUT, True),  # a safety stop never keeps a machine
+        ("on_success", RunState.HUNG, True),
+        ("on_success", RunState.CANCELLED, True),
+        ("never", RunState.SUCCEEDED, False),
+    ],
+)
+def test_teardown_policy(policy: str, state: RunState, delete: bool) -> None:
+    assert should_delete(policy, state, attached=False) is delete
+    assert should_delete(policy, state, attached=True) is False
+
+
+def local_job(tmp_path: Path, script: str, teardown: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: hang
+        image: trainer:test
+        command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
+        storage: {tmp_path / "store"}
+        teardown: {{{teardown}}}
+        """)
+    )
+    return path
+
+
+def test_a_job_without_progress_is_stopped_as_hung(tmp_path: Path, runner_home: Path) -> None:
+    """Output counts as progress for a command; once it stops for hang_timeout, the job is stopped as hung."""
+    script = "import time\nfor i in range(3):\n    print('step', i, flush=True); time.sleep(1)\ntime.sleep(300)"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [*RUNNER, "submit", str(local_job(tmp_path, script, "hang_timeout: 10")), "--local"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    took = time.monotonic() - t0
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "hung" in done.stdout and "no progress for" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert took < 60, f"the hung job was stopped only after {took:.0f}s"
+    (record_path,) = (runner_home / "runs").glob("*.json")
+    assert json.loads(record_path.read_text())["state"] == "hung"

@@ -1,0 +1,202 @@
+"""Pre-flight for TPU VM runs (no network, no credentials), the Node request, and the dry-run golden output."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from runner.backends.tpu_vm import TpuVmBackend, node_request
+from runner.errors import PlanError
+from runner.plan import catalog
+from runner.plan.planner import plan_cloud
+from runner.spec import JobSpec
+from runner.spec.loader import load_spec, load_spec_text
+from tests.conftest import REPO
+
+GOLDEN = Path(__file__).parent / "golden" / "dry_run_mnist.txt"
+IMAGE = "us-central1-docker.pkg.dev/my-project/tpu-runner/trainer:v1"
+NO_GCLOUD = {"CLOUDSDK_CONFIG": "/nonexistent"}
+
+
+def spec(**overrides: object) -> JobSpec:
+    base: dict[str, object] = {
+        "name": "job",
+        "image": IMAGE,
+        "training": {"epochs": 1},
+        "storage": "gs://my-bucket/p",
+        "accelerator": {"type": "v5litepod-8", "zone": "us-west4-a", "project": "my-project"},
+    }
+    for key, value in overrides.items():
+        if key.startswith("acc_"):
+            base["accelerator"] = {**base["accelerator"], key[4:]: value}  # type: ignore[dict-item]
+        else:
+            base[key] = value
+    return JobSpec.model_validate(base)
+
+
+def plan(s: JobSpec, **kwargs: object):  # type: ignore[no-untyped-def]
+    return plan_cloud(s, None, environ=NO_GCLOUD, **kwargs)  # type: ignore[arg-type]
+
+
+def test_catalog_is_consistent() -> None:
+    for t in catalog.all_types():
+        assert t.chips >= 1 and t.hosts >= 1 and t.zones
+        assert t.runtime_ok(t.generation.default_runtime), t.name
+        assert t.price_per_hour(spot=True) < t.price_per_hour(spot=False)
+    assert (catalog.accelerator("v2-8").chips, catalog.accelerator("v2-8").hosts) == (4, 1)
+    assert (catalog.accelerator("v4-32").chips, catalog.accelerator("v4-32").hosts) == (16, 4)
+    assert (catalog.accelerator("v5litepod-8").chips, catalog.accelerator("v5litepod-8").hosts) == (8, 1)
+    assert (catalog.accelerator("v5litepod-16").chips, catalog.accelerator("v5litepod-16").hosts) == (16, 4)
+    assert catalog.prices_info()["read_on"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message", "hint"),
+    [
+        ({"acc_type": "v5litepod-9"}, "v5litepod comes in sizes", None),
+        ({"acc_type": "v2-8", "acc_zone": "us-west4-a"}, "v2-8 is not offered in us-west4-a", "us-central1-b"),
+        ({"acc_runtime_version": "tpu-vm-tf-2.18.0-pod-pjrt"}, "does not run on v5litepod-8", "-pod variant"),
+        ({"acc_runtime_version": "v2-alpha-tpuv6e"}, "does not run on v5litepod-8", None),
+        ({"storage": "runs"}, "a TPU VM can only write its run directory to Cloud Storage", "gs://"),
+        ({"image": "trainer:latest"}, "names no registry", "Artifact Registry"),
+        ({"image": "us-docker.pkg.dev/proj-1/trainer"}, "is REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE", None),
+        ({"acc_type": "v6e-8", "acc_zone": "us-east1-d"}, "TensorFlow, which Cloud TPU does not support on v6e", None),
+        ({"acc_type": "v4-32", "acc_zone": "us-central2-b"}, "TensorFlow needs a tpu-vm-tf-X.Y.Z-pod-pjrt", None),
+        ({"env": {"A": "line1\nline2"}}, "cannot contain a newline", None),
+    ],
+)
+def test_preflight_errors(overrides: dict, message: str, hint: str | None) -> None:
+    with pytest.raises(PlanError) as info:
+        plan(spec(**overrides))
+    assert message in str(info.value)
+    assert info.value.exit_code == 2
+    if hint:
+        assert hint in (info.value.hint or "")
+
+
+def test_missing_project_and_zone_are_clear() -> None:
+    s = JobSpec.model_validate({"name": "j", "image": IMAGE, "training": {}, "storage": "gs://my-bucket"})
+    with pytest.raises(PlanError, match="no Google Cloud project"):
+        plan(s)
+    with pytest.raises(PlanError, match="no zone") as info:
+        plan(s, project="my-project")
+    assert "us-central1-a" in (info.value.hint or "")
+
+
+def test_project_and_zone_from_gcloud_config(tmp_path: Path) -> None:
+    (tmp_path / "configurations").mkdir()
+    (tmp_path / "active_config").write_text("work\n")
+    config = "[core]\nproject = from-gcloud\n[compute]\nzone = us-west1-c\n"
+    (tmp_path / "configurations" / "config_work").write_text(config)
+    s = JobSpec.model_validate({"name": "j", "image": IMAGE, "training": {}, "storage": "gs://my-bucket"})
+    p = plan_cloud(s, None, environ={"CLOUDSDK_CONFIG": str(tmp_path)})
+    assert p.cloud is not None and (p.cloud.project, p.cloud.zones) == ("from-gcloud", ("us-west1-c",))
+    env_first = plan_cloud(s, None, environ={"CLOUDSDK_CONFIG": str(tmp_path), "CLOUDSDK_CORE_PROJECT": "from-env"})
+    assert env_first.cloud is not None and env_first.cloud.project == "from-env"
+
+
+def test_zones_keep_their_order_and_spot_price() -> None:
+    p = plan(spec(acc_zone=None, acc_zones=["us-west4-a", "us-central1-a"], acc_spot=True))
+    assert p.cloud is not None and p.cloud.zones == ("us-west4-a", "us-central1-a")
+    assert p.cloud.price_per_hour == pytest.approx(catalog.accelerator("v5litepod-8").price_per_hour(spot=True))
+
+
+def test_multi_host_tensorflow_runs_on_worker_zero_of_a_pod_runtime() -> None:
+    p = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"))
+    assert p.cloud is not None and p.cloud.trainer_workers == "0" and p.num_workers == 1
+    assert p.env["RUNNER_TPU_NAME"] == p.cloud.node_id  # the resolver is given the node name on a pod
+    custom = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", training=None, command=["python", "x.py"]))
+    assert custom.cloud is not None and custom.cloud.trainer_workers == "all" and custom.num_workers == 4
+
+
+def test_node_request_body() -> None:
+    p = plan(spec(acc_spot=True, acc_service_account="tpu-vm@my-project.iam.gserviceaccount.com"))
+    body = node_request(p, "us-west4-a")
+    assert body["acceleratorType"] == "v5litepod-8"
+    assert body["runtimeVersion"] == "v2-alpha-tpuv5-lite"
+    assert body["schedulingConfig"] == {"spot": True}
+    assert body["labels"]["managed-by"] == "tpu-runner" and body["labels"]["tpu-runner-run"] == p.run_id
+    assert int(body["labels"]["tpu-runner-deadline"]) == int(p.deadline)
+    assert body["serviceAccount"]["email"] == "tpu-vm@my-project.iam.gserviceaccount.com"
+    assert "https://www.googleapis.com/auth/cloud-platform" in body["serviceAccount"]["scope"]
+    assert "ZONE=us-west4-a" in body["metadata"]["startup-script"]
+    # The body is exactly what the client sends: it converts into the SDK's Node without loss.
+    from google.cloud import tpu_v2
+
+    node = tpu_v2.Node.from_json(json.dumps(body))
+    assert node.scheduling_config.spot and node.accelerator_type == "v5litepod-8"
+
+
+def test_attach_mode_creates_nothing() -> None:
+    p = plan(spec(acc_node="my-existing-vm"))
+    assert p.attach and p.cloud is not None and p.cloud.node_id == "my-existing-vm"
+    rows = dict(TpuVmBackend(api=object()).describe(p))  # type: ignore[arg-type]
+    assert "never delete" in rows["node"] and "est. cost" not in rows
+
+
+def test_dry_run_golden() -> None:
+    """The whole dry run of the default job, byte for byte (UPDATE_GOLDEN=1 pytest tests/plan regenerates it)."""
+    import os
+
+    from runner.cli.submit import dry_run_text
+
+    s = load_spec(REPO / "jobs" / "mnist.yaml")
+    p = plan_cloud(
+        s,
+        "jobs/mnist.yaml",
+        storage="gs://my-bucket/tpu-runner",
+        project="my-project",
+        environ=NO_GCLOUD,
+        now=1798761600.0,
+        run_suffix="abcd",
+        nonce="5eed5eed",
+    )
+    backend = TpuVmBackend(api=object())  # type: ignore[arg-type]  # a dry run never touches the API
+    rows = [("run", p.run_id), ("backend", p.backend), *backend.describe(p), ("run directory", p.run_dir)]
+    text = dry_run_text(p, backend, rows) + "\n"
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_dry_run_cli_needs_no_credentials_or_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from runner.cli import app
+
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent.json")
+    result = CliRunner().invoke(
+        app,
+        [
+            "submit",
+            str(REPO / "jobs" / "mnist.yaml"),
+            "--dry-run",
+            "--project",
+            "my-project",
+            "--storage",
+            "gs://my-bucket/x",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert '"acceleratorType": "v5litepod-8"' in result.output and "est. cost" in result.output
+    bad = CliRunner().invoke(app, ["submit", str(REPO / "jobs" / "mnist.yaml"), "--dry-run", "--project", "p-123456"])
+    assert bad.exit_code == 2 and "Cloud Storage" in bad.output
+
+
+def test_spec_text_for_cloud_is_validated_before_planning() -> None:
+    s = load_spec_text(
+        textwrap.dedent(f"""\
+        name: cmd
+        image: {IMAGE}
+        command: echo hi
+        storage: gs://my-bucket/p
+        accelerator: {{type: v2-8, zone: us-central1-b, project: my-project}}
+        """)
+    )
+    p = plan(s)
+    assert p.env["RUNNER_COMMAND"] == json.dumps(["/bin/sh", "-c", "echo hi"])

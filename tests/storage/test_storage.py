@@ -1,0 +1,113 @@
+"""Storage conformance: the same behaviour from a local directory and from Cloud Storage (a real emulator)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runner.errors import StorageError
+from runner.storage import Storage, open_storage
+from runner.worker.mirror import Mirror
+
+
+@pytest.fixture(params=["local", "gcs"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if request.param == "local":
+        return open_storage(str(tmp_path / "store"))
+    request.getfixturevalue("gcs")
+    return open_storage(f"gs://runner-test/{uuid.uuid4().hex}")
+
+
+def test_write_read_ranges_and_missing(storage: Storage) -> None:
+    assert storage.read_bytes("nope") is None
+    storage.write_bytes("a/b.txt", b"hello world")
+    assert storage.read_bytes("a/b.txt") == b"hello world"
+    assert storage.read_bytes("a/b.txt", start=6) == b"world"
+    assert storage.read_bytes("a/b.txt", start=11) == b""
+    storage.write_bytes("a/b.txt", b"replaced")
+    assert storage.read_bytes("a/b.txt") == b"replaced"
+
+
+def test_delete_is_idempotent(storage: Storage) -> None:
+    storage.write_bytes("exit/worker-0.json", b"{}")
+    storage.delete("exit/worker-0.json")
+    storage.delete("exit/worker-0.json")
+    assert storage.read_bytes("exit/worker-0.json") is None and storage.list("exit/") == []
+
+
+def test_list_is_sorted_and_filtered_by_prefix(storage: Storage) -> None:
+    for key in ["z.txt", "logs/worker-1.log", "logs/worker-0.log"]:
+        storage.write_bytes(key, key.encode())
+    assert [o.key for o in storage.list()] == ["logs/worker-0.log", "logs/worker-1.log", "z.txt"]
+    assert [(o.key, o.size) for o in storage.list("logs/")] == [("logs/worker-0.log", 17), ("logs/worker-1.log", 17)]
+    assert storage.list("none/") == []
+
+
+def test_20mb_checkpoint_round_trip(storage: Storage, tmp_path: Path) -> None:
+    # A checkpoint is opaque bytes to storage; random bytes make any corruption visible.
+    blob = os.urandom(20 * 1024 * 1024 + 123)
+    src = tmp_path / "ckpt-000001.keras"
+    src.write_bytes(blob)
+    storage.upload_file(src, "checkpoints/ckpt-000001.keras")
+    dest = tmp_path / "back" / "ckpt.keras"
+    assert storage.download_file("checkpoints/ckpt-000001.keras", dest)
+    assert hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(blob).digest()
+    assert not storage.download_file("checkpoints/missing.keras", tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_mirror_uploads_only_changes_oldest_first(storage: Storage, tmp_path: Path) -> None:
+    local = tmp_path / "out"
+    (local / "checkpoints").mkdir(parents=True)
+    ckpt = local / "checkpoints" / "ckpt-000001.keras"
+    ckpt.write_bytes(b"weights")
+    manifest = local / "checkpoints" / "latest.json"
+    manifest.write_text('{"epoch": 1, "path": "ckpt-000001.keras"}')
+    os.utime(ckpt, ns=(1_000_000_000, 1_000_000_000))  # the checkpoint is older than its manifest
+    (local / ".tmp-partial").write_bytes(b"half")
+    mirror = Mirror(local, storage)
+    order = [key for _, key, _, _ in mirror._changed()]
+    assert order == ["checkpoints/ckpt-000001.keras", "checkpoints/latest.json"]
+    assert mirror.push() == 2
+    assert mirror.push() == 0  # nothing changed
+    manifest.write_text('{"epoch": 2, "path": "ckpt-000001.keras"}')
+    assert mirror.push() == 1
+    assert storage.read_bytes(".tmp-partial") is None  # hidden temp files of atomic writes never travel
+
+
+def test_mirror_pull_restores_what_a_restarted_job_needs(storage: Storage, tmp_path: Path) -> None:
+    storage.write_bytes("checkpoints/ckpt-000003.keras", b"w3")
+    storage.write_bytes("checkpoints/ckpt-000002.keras", b"w2")
+    storage.write_bytes("checkpoints/latest.json", b'{"epoch": 3, "path": "ckpt-000003.keras"}')
+    storage.write_bytes("metrics.jsonl", b'{"epoch": 1}\n')
+    storage.write_bytes("logs/worker-0.log", b"before\n")
+    local = tmp_path / "restart"
+    pulled = Mirror(local, storage).pull_resume_state(worker=0)
+    assert sorted(pulled) == [
+        "checkpoints/ckpt-000003.keras",
+        "checkpoints/latest.json",
+        "logs/worker-0.log",
+        "metrics.jsonl",
+    ]
+    assert not (local / "checkpoints" / "ckpt-000002.keras").exists()  # only the newest is needed
+
+
+def test_local_keys_cannot_escape(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="leaves the run directory"):
+        open_storage(str(tmp_path)).write_bytes("../x", b"1")
+
+
+def test_gcs_missing_bucket_is_a_clear_error(gcs: str) -> None:
+    storage = open_storage("gs://no-such-bucket-here/p")
+    assert storage.read_bytes("k") is None
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket-here' does not exist"):
+        storage.write_bytes("k", b"1")
+
+
+def test_bad_gcs_url() -> None:
+    with pytest.raises(StorageError):
+        open_storage("gs://UPPER")

@@ -1,0 +1,132 @@
+"""The mirror against a real Cloud Storage emulator: rotation reaches the bucket, and a restarted VM gets back what
+the trainer needs to pick the newest checkpoint that verifies, whatever state the bucket is in."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from google.cloud import storage as gcs_client
+
+from runner import contract
+from runner.storage import Storage, open_storage
+from runner.train.checkpoints import CheckpointStore, ResumeChooser, parse_manifest
+from runner.worker.mirror import Mirror, checkpoint_keep
+from tests.train.test_checkpoints import publish
+
+BUCKET = "runner-test"
+
+
+@pytest.fixture
+def run_dir(gcs: str) -> str:
+    return f"gs://{BUCKET}/{uuid.uuid4().hex}/runs/r1"
+
+
+def bucket_checkpoints(store: Storage) -> list[str]:
+    return [o.key for o in store.list(f"{contract.CHECKPOINTS}/")]
+
+
+def trained(run_dir: str, local: Path, epochs: int = 3, keep: int = 2) -> tuple[Storage, Mirror, CheckpointStore]:
+    """A first VM: the trainer publishes a checkpoint per epoch and the mirror pushes after each."""
+    store = open_storage(run_dir)
+    mirror = Mirror(local, store, keep=keep)
+    checkpoints = CheckpointStore(local / contract.CHECKPOINTS, keep=keep)
+    for epoch in range(1, epochs + 1):
+        publish(checkpoints, epoch)
+        mirror.push()
+    return store, mirror, checkpoints
+
+
+def test_rotated_checkpoints_leave_the_bucket_too(run_dir: str, tmp_path: Path) -> None:
+    store = open_storage(run_dir)
+    foreign = f"{contract.CHECKPOINTS}/ckpt-000000-s000001.keras"
+    store.write_bytes(foreign, b"put there by someone else")
+    store, mirror, checkpoints = trained(run_dir, tmp_path / "vm1", epochs=3)
+    assert bucket_checkpoints(store) == [
+        foreign,  # not this mirror's: never deleted
+        "checkpoints/ckpt-000002.keras",
+        "checkpoints/ckpt-000003.keras",
+        "checkpoints/latest.json",
+    ]
+    # The bucket's manifest names exactly the objects there, with the checksums Cloud Storage computed itself.
+    listed = parse_manifest(store.read_bytes(contract.LATEST_CHECKPOINT) or b"")
+    bucket = gcs_client.Client().bucket(BUCKET)
+    prefix = run_dir.removeprefix(f"gs://{BUCKET}/")
+    for entry in listed:
+        blob = bucket.get_blob(f"{prefix}/{contract.CHECKPOINTS}/{entry.file}")
+        assert blob is not None and (blob.crc32c, blob.size) == (entry.crc32c, entry.size)
+    # A mid-epoch save rotates the oldest out as well.
+    publish(checkpoints, 3, 2)
+    mirror.push()
+    assert bucket_checkpoints(store)[1:] == [
+        "checkpoints/ckpt-000003-s000002.keras",
+        "checkpoints/ckpt-000003.keras",
+        "checkpoints/latest.json",
+    ]
+
+
+def test_a_restarted_vm_pulls_every_listed_checkpoint_and_rotation_still_works(run_dir: str, tmp_path: Path) -> None:
+    store, _, _ = trained(run_dir, tmp_path / "vm1", epochs=3)
+    local = tmp_path / "vm2"
+    mirror = Mirror(local, store, keep=2)
+    pulled = mirror.pull_resume_state(worker=0)
+    assert sorted(k for k in pulled if k.startswith("checkpoints/")) == [
+        "checkpoints/ckpt-000002.keras",
+        "checkpoints/ckpt-000003.keras",
+        "checkpoints/latest.json",
+    ]
+    chooser = ResumeChooser.open(local / contract.CHECKPOINTS, print)
+    chosen = chooser.next_verified()
+    assert chosen is not None and chosen.name == "ckpt-000003.keras"
+    # The trainer goes on and rotates: what this mirror pulled, it may delete.
+    checkpoints = CheckpointStore(local / contract.CHECKPOINTS, keep=2)
+    checkpoints.history = chooser.history_for(chosen)
+    publish(checkpoints, 4)
+    mirror.push()
+    assert bucket_checkpoints(store) == [
+        "checkpoints/ckpt-000003.keras",
+        "checkpoints/ckpt-000004.keras",
+        "checkpoints/latest.json",
+    ]
+
+
+def test_a_torn_object_in_the_bucket_falls_back_to_the_older_one(run_dir: str, tmp_path: Path) -> None:
+    store, _, _ = trained(run_dir, tmp_path / "vm1", epochs=2)
+    newest = "checkpoints/ckpt-000002.keras"
+    size = parse_manifest(store.read_bytes(contract.LATEST_CHECKPOINT) or b"")[0].size
+    store.write_bytes(newest, (store.read_bytes(newest) or b"")[:1000])  # an upload cut short
+    local = tmp_path / "vm2"
+    Mirror(local, store).pull_resume_state(worker=0)
+    lines: list[str] = []
+    chosen = ResumeChooser.open(local / contract.CHECKPOINTS, lines.append).next_verified()
+    assert chosen is not None and chosen.name == "ckpt-000001.keras"
+    assert lines == [f"[trainer] skipping ckpt-000002.keras: size mismatch (manifest {size} bytes, file 1000 bytes)"]
+
+
+@pytest.mark.parametrize("damage", ["missing", "unreadable", "names a missing object"])
+def test_without_a_usable_manifest_the_newest_checkpoints_are_listed_and_fetched(
+    damage: str, run_dir: str, tmp_path: Path
+) -> None:
+    store, _, _ = trained(run_dir, tmp_path / "vm1", epochs=4, keep=4)
+    store.delete("checkpoints/ckpt-000001.keras")
+    if damage == "missing":
+        store.delete(contract.LATEST_CHECKPOINT)
+    elif damage == "unreadable":
+        store.write_bytes(contract.LATEST_CHECKPOINT, b'{"checkpoints": [')
+    local = tmp_path / "vm2"
+    mirror = Mirror(local, store, keep=2)
+    pulled = mirror.pull_resume_state(worker=0)  # never raises for a missing or bad object
+    # keep + 1 = 3 newest by position; the deleted one is simply not there.
+    fetched = sorted(p.name for p in (local / contract.CHECKPOINTS).glob("*.keras"))
+    assert fetched == ["ckpt-000002.keras", "ckpt-000003.keras", "ckpt-000004.keras"]
+    assert (contract.LATEST_CHECKPOINT in pulled) == (damage != "missing")
+    chosen = ResumeChooser.open(local / contract.CHECKPOINTS, print).next_verified()
+    assert chosen is not None and chosen.name == "ckpt-000004.keras"
+
+
+def test_keep_comes_from_the_training_section() -> None:
+    assert checkpoint_keep({contract.TRAINING: json.dumps({"checkpoint_keep": 5})}) == 5
+    assert checkpoint_keep({contract.TRAINING: "not json"}) == 2
+    assert checkpoint_keep({}) == 2

@@ -1,0 +1,263 @@
+"""Emulated TPU VMs: each worker of a READY node runs the node's startup-script as a local process.
+
+Every worker is `bash -c "$startup_script"` in its own session (so its process group is the VM), in its own
+directory under the emulator's workdir, with its console output in console.log there and an environment that
+points the script at the emulator (see `vm_env`). Every process of a VM also carries a marker variable, so
+that stopping a VM finds and kills what left its process group (setsid, double forks) too: when a VM is
+stopped nothing of it survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import itertools
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.backends import container
+
+MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the runner and tpu_emulator packages
+
+
+def marked_pids(prefix: str) -> list[int]:
+    """Live processes whose environment has MARKER=<a value starting with prefix> (Linux /proc; else [])."""
+    needle = f"{MARKER}={prefix}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            data = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(item.startswith(needle) for item in data.split(b"\0")):
+            pid = int(entry.name)
+            if pid != os.getpid() and container.process_alive(pid):
+                found.append(pid)
+    return found
+
+
+def _signal_all(pgids: list[int], pids: list[int], sig: signal.Signals) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+@dataclass(frozen=True)
+class VmInfo:
+    worker: int
+    pid: int
+    alive: bool
+    exit_code: int | None  # the startup-script's exit status once it is over
+    directory: Path
+    console_log: Path
+    hostname: str
+
+
+class VmProcess:
+    def __init__(self, worker: int, popen: subprocess.Popen[bytes], directory: Path, hostname: str) -> None:
+        self.worker = worker
+        self.popen = popen
+        self.directory = directory
+        self.console_log = directory / "console.log"
+        self.hostname = hostname
+        self.exit_code: int | None = None
+        self._reaper = threading.Thread(target=self._reap, name=f"vm-reaper-{popen.pid}", daemon=True)
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        code = self.popen.wait()
+        self.exit_code = code if code >= 0 else 128 - code
+        with contextlib.suppress(OSError), self.console_log.open("a") as log:
+            log.write(f"[tpu-emulator] startup-script exited with status {self.exit_code}\n")
+
+    def info(self) -> VmInfo:
+        alive = self.exit_code is None or container.group_alive(self.popen.pid)
+        return VmInfo(
+            self.worker, self.popen.pid, alive, self.exit_code, self.directory, self.console_log, self.hostname
+        )
+
+
+class VmGroup:
+    """The VMs (one per worker) of one node boot; `stop` ends all of their processes."""
+
+    def __init__(self, node: str, marker_prefix: str, processes: list[VmProcess]) -> None:
+        self.node = node
+        self.marker_prefix = marker_prefix
+        self.processes = processes
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
+
+    def info(self) -> tuple[VmInfo, ...]:
+        return tuple(p.info() for p in self.processes)
+
+    def alive(self) -> bool:
+        return any(container.group_alive(p.popen.pid) for p in self.processes) or bool(marked_pids(self.marker_prefix))
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM every process of every worker, SIGKILL what is left after grace_s; returns when none is left."""
+        with self._lock:
+            first = not self._stopping
+            self._stopping = True
+        if not first:
+            self._stopped.wait(grace_s + 30)
+            return
+        try:
+            pgids = [p.popen.pid for p in self.processes]
+            _signal_all(pgids, marked_pids(self.marker_prefix), signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and self.alive():
+                time.sleep(0.05)
+            for _ in range(100):
+                left = marked_pids(self.marker_prefix)  # one /proc scan a round: to test, then to signal
+                if not left and not any(container.group_alive(pgid) for pgid in pgids):
+                    break
+                _signal_all(pgids, left, signal.SIGKILL)
+                time.sleep(0.05)
+            for p in self.processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(5)
+        finally:
+            self._stopped.set()
+
+
+class VmLauncher:
+    """Boots the VMs of READY nodes under `workdir` and keeps track of every one, to stop them all at the end."""
+
+    def __init__(self, workdir: Path, emulator_id: str, gcs_endpoint: str | None) -> None:
+        self.workdir = workdir
+        self.emulator_id = emulator_id
+        self.gcs_endpoint = gcs_endpoint
+        self.endpoint = ""  # the emulator's http://host:port, set once the server listens
+        self._boots = itertools.count(1)
+        self._groups: list[VmGroup] = []
+        self._lock = threading.Lock()
+
+    @property
+    def shim_dir(self) -> Path:
+        return self.workdir / ".emulator" / "bin"
+
+    def install_shim(self) -> None:
+        """The `docker` executable the VMs find first on their PATH."""
+        self.shim_dir.mkdir(parents=True, exist_ok=True)
+        script = self.shim_dir / "docker"
+        script.write_text(
+            "#!/bin/sh\n"
+            "# docker for emulated TPU VMs: runs containers as local processes (tpu_emulator.docker_shim)\n"
+            f"PYTHONPATH={shlex.quote(str(_PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"RUNNER_DOCKER_SHIM_DIR={shlex.quote(str(self.shim_dir))} "
+            f'exec {shlex.quote(sys.executable)} -m tpu_emulator.docker_shim "$@"\n'
+        )
+        script.chmod(0o755)
+
+    def vm_dir(self, project: str, zone: str, node_id: str, worker: int) -> Path:
+        return self.workdir / project / zone / node_id / f"worker-{worker}"
+
+    def hostname(self, project: str, zone: str, node_id: str, worker: int) -> str:
+        digest = hashlib.sha1(f"{project}/{zone}/{node_id}".encode()).hexdigest()[:8]
+        return f"t1v-n-{digest}-w-{worker}"
+
+    def vm_env(self, project: str, zone: str, node_id: str, worker: int, marker: str) -> dict[str, str]:
+        """The environment of a VM's startup-script: the contract bootstrap scripts rely on."""
+        directory = self.vm_dir(project, zone, node_id, worker)
+        user = os.environ.get("USER") or getpass.getuser()
+        env = {
+            "PATH": f"{self.shim_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+            "HOME": str(directory / "home"),
+            "TMPDIR": str(directory / "tmp"),
+            "USER": user,
+            "LOGNAME": user,
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "HOSTNAME": self.hostname(project, zone, node_id, worker),
+            "RUNNER_METADATA_URL": f"{self.endpoint}/_vm/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1",
+            "RUNNER_TPU_API": self.endpoint,
+            MARKER: marker,
+        }
+        if self.gcs_endpoint:
+            env["RUNNER_STORAGE_API"] = self.gcs_endpoint
+            env["STORAGE_EMULATOR_HOST"] = self.gcs_endpoint
+        return env
+
+    def boot(self, project: str, zone: str, node_id: str, hosts: int, script: str | None) -> VmGroup | None:
+        """Start the startup-script on every worker; None when the node has none (nothing runs)."""
+        if script is None:
+            return None
+        boot = next(self._boots)
+        prefix = f"{self.emulator_id}:{boot}:"
+        name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+        processes = []
+        for worker in range(hosts):
+            directory = self.vm_dir(project, zone, node_id, worker)
+            shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk
+            for sub in ("home", "tmp"):
+                (directory / sub).mkdir(parents=True, exist_ok=True)
+            env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}")
+            with (directory / "console.log").open("ab") as console:
+                console.write(f"[tpu-emulator] {name} worker {worker} of {hosts}: running startup-script\n".encode())
+                console.flush()
+                popen = subprocess.Popen(
+                    ["bash", "-c", script],
+                    cwd=directory,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=console,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            processes.append(VmProcess(worker, popen, directory, env["HOSTNAME"]))
+        group = VmGroup(name, prefix, processes)
+        with self._lock:
+            self._groups.append(group)
+        return group
+
+    def hang(self, project: str, zone: str, node_id: str, hosts: int, has_script: bool) -> None:
+        """Boot the workers' disks but run nothing (the boot_hang fault): a READY, HEALTHY node whose startup-script
+        never starts. Only the console says so, as a serial console is all one can read on such a VM."""
+        name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+        for worker in range(hosts):
+            directory = self.vm_dir(project, zone, node_id, worker)
+            shutil.rmtree(directory, ignore_errors=True)
+            for sub in ("home", "tmp"):
+                (directory / sub).mkdir(parents=True, exist_ok=True)
+            what = "the startup-script never started" if has_script else "no startup-script"
+            (directory / "console.log").write_text(
+                f"[tpu-emulator] {name} worker {worker} of {hosts}: booted; {what} "
+                "(boot_hang fault: google-startup-scripts.service did not run)\n"
+            )
+
+    def console_logs(self, project: str, zone: str, node_id: str, hosts: int) -> tuple[Path, ...]:
+        """The console logs the workers of a node have written so far."""
+        logs = (self.vm_dir(project, zone, node_id, w) / "console.log" for w in range(hosts))
+        return tuple(log for log in logs if log.exists())
+
+    def stop_all(self, grace_s: float) -> None:
+        """Stop every VM ever booted (in parallel), then kill anything still carrying this emulator's marker."""
+        with self._lock:
+            groups = list(self._groups)
+        threads = [threading.Thread(target=g.stop, args=(grace_s,), daemon=True) for g in groups]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(grace_s + 30)
+        for _ in range(50):
+            left = marked_pids(f"{self.emulator_id}:")
+            if not left:
+                break
+            _signal_all([], left, signal.SIGKILL)
+            time.sleep(0.05)
+        with self._lock:
+            self._groups = [g for g in self._groups if g not in groups]
