@@ -70,6 +70,8 @@ def submit(
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
+    warnings = plan.cloud.warnings if plan.cloud is not None else ()
+    rows += [("warning", text) for text in warnings]
     if dry_run:
         echo(dry_run_text(plan, backend, rows))
         return

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 _DATA = Path(__file__).with_name("tpu_catalog.yaml")
+_TF_RUNTIME = re.compile(r"tpu-vm-tf-(?P<version>\d+\.\d+\.\d+)(?P<pod>-pod)?(?:-pjrt|-se)?(?P<family>-v[-a-z0-9]+)?")
 _TYPE_RE = re.compile(r"^(?P<gen>[a-z][a-z0-9]*)-(?P<size>[0-9]+)$")  # the generations are the catalog's
 
 
@@ -36,7 +37,8 @@ class Generation:
     default_runtime: str
     on_demand_price: float  # USD per chip-hour
     spot_price: float
-    tensorflow: bool
+    frameworks: dict[str, str | None]  # framework -> None when supported, else why it is refused (with sources)
+    tf_family: str  # the chip-family suffix of its TensorFlow >= 2.18 runtimes
     api_type: str  # AcceleratorConfig.Type (V5LITE_POD, ...)
     quota_prefix: str  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
 
@@ -61,13 +63,28 @@ class AcceleratorType:
         g = self.generation
         return round(self.chips * (g.spot_price if spot else g.on_demand_price), 4)
 
+    def runtime_problem(self, runtime: str) -> str | None:
+        """Why `runtime` does not run on this type, or None."""
+        g = self.generation
+        if not any(re.fullmatch(pattern, runtime) for pattern in g.runtimes):
+            return f"{g.name} takes {', '.join(g.runtimes)}"
+        tf = _TF_RUNTIME.fullmatch(runtime)
+        if tf is None:
+            return None
+        # TensorFlow runtimes come in a single-host and a pod (-pod-) flavour; the wrong one does not boot.
+        if (tf["pod"] is not None) != self.multi_host:
+            return f"{self.name} is {'multi' if self.multi_host else 'single'}-host: it needs a " + (
+                "-pod- TensorFlow runtime" if self.multi_host else "TensorFlow runtime without -pod"
+            )
+        family = f"-{g.tf_family}"
+        if tf_version(runtime) >= (2, 18) and tf["family"] != family:
+            return f"TensorFlow 2.18 and later name the chip family: {g.name} takes ...-pjrt{family}"
+        if tf_version(runtime) < (2, 18) and tf["family"]:
+            return "chip-family suffixes only exist from TensorFlow 2.18 on"
+        return None
+
     def runtime_ok(self, runtime: str) -> bool:
-        if not any(re.fullmatch(pattern, runtime) for pattern in self.generation.runtimes):
-            return False
-        if runtime.startswith("tpu-vm-tf-"):
-            # TensorFlow runtimes come in a single-host and a pod (-pod-) flavour; the wrong one does not boot.
-            return ("-pod" in runtime) == self.multi_host
-        return True
+        return self.runtime_problem(runtime) is None
 
 
 @functools.cache
@@ -92,11 +109,45 @@ def generations() -> dict[str, Generation]:
             default_runtime=g["default_runtime"],
             on_demand_price=float(g["price"]["on_demand"]),
             spot_price=float(g["price"]["spot"]),
-            tensorflow=bool(g["tensorflow"]),
+            frameworks={k: None if v == "ok" else str(v["refused"]).strip() for k, v in g["frameworks"].items()},
+            tf_family=g["tf_family"],
             api_type=g["api_type"],
             quota_prefix=g["quota_prefix"],
         )
     return out
+
+
+def tf_version(runtime: str) -> tuple[int, ...]:
+    """(major, minor) of a tpu-vm-tf-X.Y.Z runtime; () for any other."""
+    match = _TF_RUNTIME.fullmatch(runtime)
+    return tuple(int(part) for part in match["version"].split(".")[:2]) if match else ()
+
+
+def aliases() -> dict[str, str]:
+    """What users type for a generation (v5e) -> the catalog's name (v5litepod)."""
+    return dict(_raw().get("aliases") or {})
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A TPU generation the Cloud TPU API cannot create (TPU7x): why, and where it can be created instead."""
+
+    title: str
+    why: str
+    route: str
+
+
+def unreachable(generation: str) -> Unreachable | None:
+    for entry in (_raw().get("not_in_tpu_api") or {}).values():
+        if generation.lower() in entry["names"]:
+            return Unreachable(entry["title"], " ".join(entry["why"].split()), " ".join(entry["route"].split()))
+    return None
+
+
+def tensorflow_pod_bug(runtime: str) -> str | None:
+    """An open TensorFlow bug of this multi-host runtime's version (the plan warns), or None."""
+    version = ".".join(map(str, tf_version(runtime)))
+    return (_raw().get("tensorflow_pod_bugs") or {}).get(version)
 
 
 def prices_info() -> dict[str, str]:

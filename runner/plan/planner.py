@@ -15,7 +15,7 @@ from pathlib import Path
 from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch.imageref import ImageRef
-from runner.plan import catalog
+from runner.plan import catalog, compat
 from runner.spec import JobSpec, check_storage
 
 RUNS_DIR = "runs"
@@ -33,6 +33,7 @@ class CloudTarget:
     attach_node: str | None  # an existing node: attach, never create or delete
     trainer_workers: str  # "0": TensorFlow runs on worker 0 (other hosts serve the TPU runtime); "all"
     price_per_hour: float
+    warnings: tuple[str, ...] = ()  # what the plan lets through but the user should know (runner.plan.compat)
 
 
 @dataclass(frozen=True)
@@ -142,16 +143,6 @@ def check_image_for_cloud(image: str) -> None:
         raise PlanError(f"image {image!r}: {problem}")
 
 
-def _accelerator(name: str) -> catalog.AcceleratorType:
-    try:
-        return catalog.accelerator(name)
-    except catalog.CatalogError as exc:
-        import difflib
-
-        close = difflib.get_close_matches(name, [t.name for t in catalog.all_types()], n=3, cutoff=0.6)
-        raise PlanError(str(exc), hint=f"did you mean {', '.join(close)}?" if close else None) from None
-
-
 def resolve_cloud_target(
     spec: JobSpec, run_id: str, *, project: str | None, zone: str | None, environ: dict[str, str] | None = None
 ) -> CloudTarget:
@@ -159,16 +150,21 @@ def resolve_cloud_target(
     from runner.plan import gcloud as gcloud_config
 
     acc = spec.accelerator
-    accel = _accelerator(acc.type)
     project = acc.project or project or gcloud_config.default_project(environ)
+    zones = tuple(acc.candidate_zones) or ((zone,) if zone else ())
+    if not zones and (default := gcloud_config.default_zone(environ)):
+        zones = (default,)
+    accel, findings = compat.check(spec, zones)
+    errors = [f for f in findings if f.error]
+    if errors:
+        more = "".join(f"\n  {f.message}" + (f" ({f.hint})" if f.hint else "") for f in errors[1:])
+        raise PlanError(errors[0].message + more, hint=errors[0].hint)
+    assert accel is not None
     if not project:
         raise PlanError(
             "no Google Cloud project",
             hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
         )
-    zones = tuple(acc.candidate_zones) or ((zone,) if zone else ())
-    if not zones and (default := gcloud_config.default_zone(environ)):
-        zones = (default,)
     if not zones:
         raise PlanError(
             "no zone for the TPU VM",
@@ -176,36 +172,11 @@ def resolve_cloud_target(
             "accelerator.zone(s), pass --zone, or `gcloud config set compute/zone ZONE`",
         )
     offered = [z for z in zones if z in accel.zones]
-    missing = [z for z in zones if z not in accel.zones]
-    if missing and not acc.node:
-        raise PlanError(
-            f"{accel.name} is not offered in {', '.join(missing)}",
-            hint=f"{accel.name} is offered in {', '.join(accel.zones)}",
-        )
     runtime = acc.runtime_version or accel.generation.default_runtime
-    if not accel.runtime_ok(runtime):
-        raise PlanError(
-            f"runtime version {runtime!r} does not run on {accel.name}",
-            hint=f"{accel.generation.name} takes {', '.join(accel.generation.runtimes)}"
-            + (" (the -pod variant on multi-host slices)" if runtime.startswith("tpu-vm-tf-") else ""),
-        )
-    trainer_workers = "all"
-    if spec.training is not None:
-        if not accel.generation.tensorflow:
-            raise PlanError(
-                f"the built-in trainer is TensorFlow, which Cloud TPU does not support on {accel.generation.name}",
-                hint="use v5litepod, v5p or v4, or run your own `command`",
-            )
-        if accel.multi_host:
-            # Google's TF pod CI: the script runs on worker 0 with TPUClusterResolver(tpu=<node>); the other
-            # hosts serve through the TPU runtime of a tpu-vm-tf-*-pod-* image.
-            trainer_workers = "0"
-            if not runtime.startswith("tpu-vm-tf-"):
-                raise PlanError(
-                    f"{accel.name} has {accel.hosts} hosts: TensorFlow needs a tpu-vm-tf-X.Y.Z-pod-pjrt "
-                    f"runtime there, not {runtime!r}",
-                    hint="set accelerator.runtime_version",
-                )
+    # TensorFlow on a pod slice runs on worker 0 (the other hosts serve the TPU runtime); JAX and commands run on
+    # every worker.
+    tensorflow = spec.training is not None and spec.training.framework == "tensorflow"
+    trainer_workers = "0" if tensorflow and accel.multi_host else "all"
     return CloudTarget(
         project=project,
         zones=tuple(offered) if offered else zones,
@@ -215,6 +186,7 @@ def resolve_cloud_target(
         attach_node=acc.node,
         trainer_workers=trainer_workers,
         price_per_hour=accel.price_per_hour(spot=acc.spot),
+        warnings=tuple(f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error),
     )
 
 
@@ -247,7 +219,7 @@ def plan_cloud(
     env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
-    if spec.training is not None and spec.training.keras == "auto":
+    if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
         env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
     return Plan(
         spec,

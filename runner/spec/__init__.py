@@ -16,7 +16,7 @@ from runner.launch.imageref import IMAGE_RE
 
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
 NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
-TPU_TYPE_RE = r"^v[0-9][a-z0-9]*-[0-9]+$"  # its form; which generations exist is the catalog's (plan)
+TPU_TYPE_RE = r"^[a-z][a-z0-9]*-[0-9]+$"  # GENERATION-SIZE; which generations exist is the catalog's (plan)
 ZONE_RE = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
 NODE_RE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 PROJECT_RE = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -162,10 +162,15 @@ class TrainingSpec(_Model):
     checkpoint_keep: int = Field(
         2, ge=1, le=100, description="Keep the newest N checkpoints (locally and in the run directory)."
     )
+    framework: Literal["tensorflow", "jax"] = Field(
+        "tensorflow",
+        description="The engine under the built-in trainer: tensorflow (TPUStrategy, what Colab notebooks use) or "
+        "jax (Keras 3 on JAX with keras.distribution: every TPU generation, pod slices and multislice).",
+    )
     keras: Literal["auto", "keras3", "tf_keras"] = Field(
         "auto",
-        description="Keras implementation: keras3, or tf_keras (legacy Keras 2, what Google's TPU CI uses). "
-        "auto picks tf_keras on TPU and keras3 elsewhere.",
+        description="Keras implementation under TensorFlow: keras3, or tf_keras (legacy Keras 2, what Google's TPU "
+        "CI uses). auto picks tf_keras on TPU and keras3 elsewhere. The jax framework always uses Keras 3.",
     )
     max_train_examples: int | None = Field(None, ge=1, description="Train on the first N examples only.")
     max_test_examples: int | None = Field(None, ge=1, description="Evaluate on the first N test examples only.")
@@ -199,6 +204,12 @@ class TrainingSpec(_Model):
                 raise ValueError("a checkpoint_every duration must be between 10s and 7d")
             return f"{seconds}s"
         raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+
+    @model_validator(mode="after")
+    def _engine(self) -> TrainingSpec:
+        if self.framework == "jax" and self.keras == "tf_keras":
+            raise ValueError("tf_keras runs on TensorFlow only: with framework jax, leave keras at auto (Keras 3)")
+        return self
 
     @property
     def checkpoint_epochs(self) -> int | None:

@@ -58,12 +58,12 @@ def test_catalog_is_consistent() -> None:
     [
         ({"acc_type": "v5litepod-9"}, "v5litepod comes in sizes", None),
         ({"acc_type": "v2-8", "acc_zone": "us-west4-a"}, "v2-8 is not offered in us-west4-a", "us-central1-b"),
-        ({"acc_runtime_version": "tpu-vm-tf-2.18.0-pod-pjrt"}, "does not run on v5litepod-8", "-pod variant"),
+        ({"acc_runtime_version": "tpu-vm-tf-2.18.0-pod-pjrt-v5e-and-v6"}, "not run on v5litepod-8", "without -pod"),
         ({"acc_runtime_version": "v2-alpha-tpuv6e"}, "does not run on v5litepod-8", None),
         ({"storage": "runs"}, "a TPU VM can only write its run directory to Cloud Storage", "gs://"),
         ({"image": "trainer:latest"}, "names no registry", "Artifact Registry"),
         ({"image": "us-docker.pkg.dev/proj-1/trainer"}, "is REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE", None),
-        ({"acc_type": "v6e-8", "acc_zone": "us-east1-d"}, "TensorFlow, which Cloud TPU does not support on v6e", None),
+        ({"acc_type": "v6e-8", "acc_zone": "us-east1-d"}, "framework tensorflow on v6e", "framework: jax"),
         ({"acc_type": "v4-32", "acc_zone": "us-central2-b"}, "TensorFlow needs a tpu-vm-tf-X.Y.Z-pod-pjrt", None),
         ({"env": {"A": "line1\nline2"}}, "cannot contain a newline", None),
     ],
@@ -105,7 +105,8 @@ def test_zones_keep_their_order_and_spot_price() -> None:
 
 
 def test_multi_host_tensorflow_runs_on_worker_zero_of_a_pod_runtime() -> None:
-    p = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"))
+    pod_runtime = "tpu-vm-tf-2.17.0-pod-pjrt"
+    p = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version=pod_runtime))
     assert p.cloud is not None and p.cloud.trainer_workers == "0" and p.num_workers == 1
     assert p.env["RUNNER_TPU_NAME"] == p.cloud.node_id  # the resolver is given the node name on a pod
     custom = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", training=None, command=["python", "x.py"]))

@@ -73,7 +73,7 @@ def test_resolved_spec_round_trips() -> None:
     [
         ("name: Bad_Name\nimage: i\ntraining: {}\n", "line 1: name: 'Bad_Name' must be lowercase"),
         ("name: a\nimage: 'not an image!'\ntraining: {}\n", "line 2: image: 'not an image!' is not a container image"),
-        ("name: a\nimage: i\naccelerator: {type: tpu-8}\ntraining: {}\n", "accelerator.type: 'tpu-8' is not a TPU"),
+        ("name: a\nimage: i\naccelerator: {type: TPU_8}\ntraining: {}\n", "accelerator.type: 'TPU_8' is not a TPU"),
         ("name: a\nimage: i\naccelerator: {zones: [us-central1-a, nowhere]}\ntraining: {}\n", "accelerator.zones[1]"),
         ("name: a\nimage: i\ntraining: {epochs: 0}\n", "training.epochs: Input should be greater than or equal to 1"),
         ("name: a\nimage: i\ntraining: {batch_size: big}\n", "training.batch_size: Input should be a valid integer"),
