@@ -113,12 +113,18 @@ def plan_launch(
             raise BackendError(f"cannot run in Docker: {why}", hint="`make image` builds the trainer image")
     else:
         why = "--process was given"
-    # The entrypoint with this interpreter: the one that has the runner and TensorFlow installed.
+    # The entrypoint with this interpreter: the one that has the runner and TensorFlow installed. A custom command
+    # (`python my_train.py`) finds the same interpreter first on its PATH, as it would in the image, not the
+    # system's Python without TensorFlow.
     argv = [sys.executable, *ENTRYPOINT[1:]]
     env = dict(env)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(
+        [bin_dir, *(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p != bin_dir)]
+    )
     if data_dir:
         env.setdefault("RUNNER_DATA_DIR", str(data_dir))
-    return Launch("process", argv, env, f"local process ({why})", name)
+    return Launch("process", argv, env, f"local process ({why}); commands run with {bin_dir} first on PATH", name)
 
 
 def start(launch: Launch, output: Path) -> subprocess.Popen[bytes]:

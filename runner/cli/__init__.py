@@ -23,6 +23,11 @@ from typing import Any
 def main() -> None:
     """Console-script entry point."""
     argv = sys.argv[1:]
+    if argv == ["--version"]:
+        from runner.cli.output import echo, version_text
+
+        echo(version_text())
+        return
     if len(argv) > 1 and argv[0] == "validate" and not any(a.startswith("-") for a in argv[1:]):
         from runner.cli.validate import validate_paths
 

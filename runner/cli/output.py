@@ -87,3 +87,13 @@ def console() -> Console:
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = 120  # logs and pipes: rich would assume 80 columns and fold every table row
     return out
+
+
+def version_text() -> str:
+    """`runner --version`: the installed distribution's version (importlib.metadata costs ~15 ms: asked only here)."""
+    from importlib import metadata
+
+    try:
+        return f"runner {metadata.version('tpu-runner')}"
+    except metadata.PackageNotFoundError:
+        return "runner (not installed: run from a checkout)"

@@ -8,15 +8,20 @@ from typing import Annotated
 import typer
 
 from runner.cli.output import echo
-from runner.cli.typer_app import app
+from runner.cli.typer_app import SetOpt, app
 
 
 @app.command()
-def validate(specs: Annotated[list[Path], typer.Argument(help="Job spec files.", show_default=False)]) -> None:
-    """Check job spec files and report every problem, with its field path and line. Exit code 2 if any is invalid."""
+def validate(
+    specs: Annotated[list[Path], typer.Argument(help="Job spec files.", show_default=False)],
+    set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document: each file's verdict.")] = False,
+) -> None:
+    """Check job spec files and report every problem, with its field path and line, and where each would run
+    (the TPU catalog, offline). Exit code 2 if any is invalid."""
     from runner.cli.validate import validate_paths
 
-    code = validate_paths(specs)
+    code = validate_paths(specs, set_values, as_json=as_json)
     if code:
         raise typer.Exit(code)
 

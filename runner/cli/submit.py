@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from runner.cli.output import echo, print_rows, rows_text, say, style, write_output
-from runner.cli.typer_app import SpecArg, app
+from runner.cli.typer_app import SetOpt, SpecArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
@@ -37,13 +37,14 @@ def submit(
     process: Annotated[
         bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
     ] = False,
+    set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
     from runner.spec.loader import load_spec
     from runner.timings import Timings
 
     timings = Timings.from_env()
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, set_values)
     what = (
         f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
         f"{spec.training.batch_size}"

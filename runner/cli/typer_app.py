@@ -34,6 +34,12 @@ class _RunnerGroup(TyperGroup):
 
 SpecArg = Annotated[Path, typer.Argument(help="Job spec file (YAML).", show_default=False)]
 RunArg = Annotated[str, typer.Argument(help="Run id (or a unique prefix), or a run directory (path or gs://).")]
+SetOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--set", help="Override a field of the spec, validated like the file: --set training.epochs=1 (repeatable)."
+    ),
+]
 
 app = typer.Typer(
     name="runner",
@@ -46,6 +52,25 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from runner.cli.output import echo, version_text
+
+        echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the runner's version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Run containerized training jobs on Cloud TPU VMs, or the same job locally, and never pay for an idle TPU."""
+
 
 # The commands register themselves on `app` (typer and the standard library only at their module level), in the
 # order `runner --help` lists them.

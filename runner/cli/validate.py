@@ -7,40 +7,47 @@ directly; the typer command calls it too): PyYAML, pydantic, the spec models and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from runner.cli.output import echo, report, style
 
 
-def validate_paths(paths: list[str] | list[Path]) -> int:
-    """Validate each file, print `ok FILE: ...` or every problem; the exit code (0, or 2 if any failed)."""
+def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = None, *, as_json: bool = False) -> int:
+    """Validate each file (with `--set` overrides), print `ok FILE: ...` or every problem, or with `as_json` one
+    JSON document; the exit code (0, or 2 if any failed)."""
     from runner.errors import SpecError
     from runner.plan import compat
     from runner.spec.loader import load_spec, shown
 
-    failed = 0
+    verdicts: list[dict[str, Any]] = []
     for path in paths:
+        verdict: dict[str, Any] = {"file": str(path), "ok": False, "job": None, "problems": [], "warnings": []}
+        verdicts.append(verdict)
         try:
-            spec = load_spec(path)
+            spec = load_spec(path, overrides)
         except SpecError as exc:
-            report(exc)
-            failed += 1
+            verdict["problems"] = exc.problems or [exc.message]
+            if not as_json:
+                report(exc)
             continue
         _, findings = compat.check(spec)
-        errors = [f for f in findings if f.error]
+        errors = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if f.error]
+        verdict |= {"job": spec.name, "problems": errors}
+        verdict["warnings"] = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
         if errors:
-            report(
-                SpecError(
-                    f"{shown(path)}: {len(errors)} problem{'s' if len(errors) > 1 else ''} for a TPU VM (the catalog)",
-                    [f.message + (f" ({f.hint})" if f.hint else "") for f in errors],
-                )
-            )
-            failed += 1
+            if not as_json:
+                count = f"{len(errors)} problem{'s' if len(errors) > 1 else ''}"
+                report(SpecError(f"{shown(path)}: {count} for a TPU VM (the catalog)", errors))
+            continue
+        verdict["ok"] = True
+        if as_json:
             continue
         what = f"{spec.training.model}, {spec.training.epochs} epochs" if spec.training else f"`{spec.command_line}`"
         echo(style("ok", fg="green") + f" {shown(path)}: job {spec.name!r} ({what})")
-        for finding in findings:
-            echo(
-                style("warning", fg="yellow") + f": {finding.message}" + (f" ({finding.hint})" if finding.hint else "")
-            )
-    return SpecError.exit_code if failed else 0
+        for warning in verdict["warnings"]:
+            echo(style("warning", fg="yellow") + f": {warning}")
+    if as_json:
+        echo(json.dumps({"ok": all(v["ok"] for v in verdicts), "files": verdicts}, indent=1))
+    return 0 if all(v["ok"] for v in verdicts) else SpecError.exit_code

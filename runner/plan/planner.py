@@ -19,6 +19,7 @@ from runner.plan import catalog, compat
 from runner.spec import JobSpec, check_storage
 
 RUNS_DIR = "runs"
+CLOUD_DATA_DIR = "/tmp/tpu-runner/datasets"  # RUNNER_DATA_DIR inside a TPU VM's container: writable by any user
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,8 @@ def plan_cloud(
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
     env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+    # The same contract on every backend: the data-set cache is a directory of the container's own on a VM.
+    env[contract.DATA_DIR] = CLOUD_DATA_DIR
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":

@@ -206,7 +206,12 @@ def _describe(error: Any, loc: Loc) -> str:
     return message
 
 
-def validate_data(data: dict[str, Any], positions: dict[Loc, _Pos], source: str) -> JobSpec:
+def validate_data(
+    data: dict[str, Any], positions: dict[Loc, _Pos], source: str, labels: dict[Loc, str] | None = None
+) -> JobSpec:
+    """Validate parsed data; every problem located by its line, or by `labels` (a --set override) for the paths
+    that came from elsewhere."""
+    labels = labels or {}
     try:
         return JobSpec.model_validate(data)
     except RecursionError:  # data built by a caller, not by parse_yaml (which bounds the depth)
@@ -222,7 +227,9 @@ def validate_data(data: dict[str, Any], positions: dict[Loc, _Pos], source: str)
                     parent = parent[:-1]
                 pos = positions.get(parent, _Pos(None, 1))
             line = pos.key_line or pos.value_line
-            problems.append((line, f"line {line}: {format_loc(loc)}: {_describe(error, loc)}"))
+            label = next((labels[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in labels), None)
+            where = label or f"line {line}"
+            problems.append((0 if label else line, f"{where}: {format_loc(loc)}: {_describe(error, loc)}"))
         problems.sort(key=lambda p: p[0])
         count = len(problems)
         raise SpecError(
@@ -232,9 +239,34 @@ def validate_data(data: dict[str, Any], positions: dict[Loc, _Pos], source: str)
         ) from None
 
 
-def load_spec_text(text: str, source: str = "<spec>") -> JobSpec:
+def load_spec_text(text: str, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
     data, positions = parse_yaml(text, source)
-    return validate_data(data, positions, source)
+    labels = apply_overrides(data, overrides or [], source)
+    return validate_data(data, positions, source, labels)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[Loc, str]:
+    """`--set training.epochs=1`-style overrides applied to parsed spec data (the value is a YAML scalar or flow
+    collection, read by the same strict loader), before validation, so they are validated exactly like the file.
+    Returns the label of each overridden path, for the problems that name it."""
+    labels: dict[Loc, str] = {}
+    for item in overrides:
+        path, eq, raw = item.partition("=")
+        keys = [k for k in path.strip().split(".")]
+        if not eq or not all(keys) or not all(k.replace("_", "").isalnum() for k in keys):
+            raise SpecError(f"--set {item!r}: write it as FIELD.PATH=VALUE, e.g. training.epochs=1")
+        value, _ = parse_yaml(f"v: {raw}" if raw.strip() else 'v: ""', f"--set {path}")
+        node: Any = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {item!r}: {key} is not a section of the spec ({source})")
+            node = child
+        node[keys[-1]] = value["v"]
+        labels[tuple(keys)] = f"--set {path}={raw}"
+    return labels
 
 
 def shown(path: str | Path) -> str:
@@ -292,15 +324,15 @@ def read_spec_bytes(path: str | Path) -> bytes:
     return raw
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Load and validate a job spec file. Raises SpecError (exit code 2) listing every problem."""
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Load and validate a job spec file, with `--set` overrides. Raises SpecError (exit 2) listing every problem."""
     name = shown(path)
     raw = read_spec_bytes(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{name}: not UTF-8 text (byte {exc.start})", hint="a job spec is a YAML text file") from None
-    return load_spec_text(text, name)
+    return load_spec_text(text, name, overrides)
 
 
 def dump_spec(spec: JobSpec) -> str:

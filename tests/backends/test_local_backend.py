@@ -159,3 +159,41 @@ def test_without_docker_the_entrypoint_runs_as_a_process(tmp_path: Path, monkeyp
     assert "no Docker engine" in launch.reason
     assert launch.env["RUNNER_DATA_DIR"] == str(tmp_path)
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_a_command_runs_with_the_runners_interpreter(tmp_path: Path, runner_home: Path) -> None:
+    """`python my_train.py` finds the interpreter the runner runs in (with TensorFlow), not the system's, whatever
+    the user's PATH says: as in the image, where the job's python is the image's."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: which
+        image: trainer:test
+        command: "python -c 'import sys; print(\\"interpreter:\\", sys.executable)'"
+        storage: {tmp_path / "store"}
+        """)
+    )
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # as a shell without the venv activated
+    done = subprocess.run(
+        [*RUNNER, "submit", str(spec), "--local", "--process"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("interpreter:"))
+    assert Path(line.split()[1]).parent == Path(sys.executable).parent
+    assert f"commands run with {Path(sys.executable).parent} first on PATH" in done.stdout
+
+
+def test_the_job_environment_is_the_same_contract_on_every_backend(tmp_path: Path) -> None:
+    """Every documented RUNNER_ variable is set for a job on this machine and on a TPU VM alike."""
+    from runner.plan.planner import plan_cloud, plan_local
+    from runner.spec.loader import load_spec_text
+
+    text = "name: j\nimage: us-docker.pkg.dev/p-123456/r/t:1\ncommand: [python, x.py]\nstorage: STORAGE\n"
+    text += "accelerator: {type: v5litepod-8, zone: us-central1-a, project: my-project}\n"
+    local = plan_local(load_spec_text(text.replace("STORAGE", str(tmp_path))), None)
+    cloud = plan_cloud(load_spec_text(text.replace("STORAGE", "gs://my-bucket/p")), None, environ={})
+    backend_only = {contract.TPU_NAME}  # which TPU the resolver connects to: a TPU VM's alone
+    assert {k for k in local.env if k.startswith("RUNNER_")} == {k for k in cloud.env if k.startswith("RUNNER_")} - (
+        backend_only
+    )
+    assert contract.DATA_DIR in cloud.env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -240,3 +241,24 @@ def test_submit_local_with_cloud_storage(tmp_path: Path, mnist_npz: Path, gcs: s
     assert any(k.startswith("tensorboard/") for k in keys)
     status = invoke("status", f"{bucket_url}/runs/{run_id}")
     assert status.exit_code == 0 and "succeeded" in status.output
+
+
+def test_set_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
+    mnist = str(REPO / "jobs" / "mnist.yaml")
+    dry = invoke("submit", mnist, "--local", "--dry-run", "--set", "training.epochs=1", "--set", "env.MODE=fast")
+    assert dry.exit_code == 0, dry.output
+    assert '"epochs":1' in dry.output and re.search(r"^MODE +fast$", dry.output, re.M)
+    bad = invoke("validate", mnist, "--set", "training.epoch=1")
+    assert bad.exit_code == 2 and "--set training.epoch=1: training.epoch: unknown field; did you mean 'epochs'?" in (
+        bad.output
+    )
+    assert invoke("validate", mnist, "--set", "no-equals-sign").exit_code == 2
+
+
+def test_validate_json_and_version() -> None:
+    result = invoke("validate", str(REPO / "jobs" / "mnist.yaml"), "--json")
+    assert result.exit_code == 0
+    document = json.loads(result.output)
+    assert document["ok"] is True and document["files"][0]["job"] == "mnist"
+    version = invoke("--version")
+    assert version.exit_code == 0 and version.output.startswith("runner ")
