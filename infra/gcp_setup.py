@@ -466,8 +466,8 @@ def main(argv: list[str] | None = None, http: Http | None = None) -> int:
         f"  image: {registry}/trainer-tpu:TAG  (`make push VARIANT=tpu PROJECT={config.project} "
         f"REGION={config.region} REPO={config.repo}` prints it)"
     )
-    print("The startup script (runner/launch/startup-script.sh) is not installed here: the runner renders it for every run")
-    print("and passes it as the node's startup-script metadata.")
+    print("The startup script (runner/launch/startup-script.sh) is not installed here: the runner renders it")
+    print("for every run and passes it as the node's startup-script metadata.")
     return 0
 
 
