@@ -1,18 +1,21 @@
 """Our trainer vs the notebook's plain `model.fit` on numpy arrays: examples/s and final test accuracy, one run.
 
-    .venv/bin/python scripts/bench_speedup.py                 # batch 1024, full MNIST, 3 epochs, seeds 0 and 1
+    .venv/bin/python scripts/bench_speedup.py                 # batch 1024, full MNIST, 5 epochs, seeds 0 and 1
 
 For each seed, both trainers train the same model (runner.train.models.mnist_cnn, Adam, same learning rate and
 seed) for the same number of epochs, each in its own process, taking turns epoch by epoch (ABBA) so that the noise
-of a shared machine hits both. It prints every epoch pair, the median ratio of examples/s over the pairs (the first,
-compiling epoch of each run left out), and both test accuracies. Our epochs include the validation pass the
-trainer runs after each epoch; the plain fit runs none, so the whole-epoch ratio is the conservative one.
+of a shared machine hits both. The first, compiling epoch of each run is left out, so the defaults give 2 x 4 = 8
+epoch pairs; the headline is the median ratio of examples/s over those pairs, with their range. It prints every
+pair, the settings each trainer really ran with (read back in its process: precision, XLA, steps per execution,
+oneDNN, thread pools), and both test accuracies. Our epochs include the validation pass the trainer runs after
+each epoch; the plain fit runs none, so the whole-epoch ratio is the conservative one.
 Exit status 1 when the ratio is under --target or the accuracies differ by more than --max-gap points.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -20,9 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runner.bench.effective import describe_effective
 from runner.bench.harness import BenchOptions, run_bench
 from runner.bench.report import ArmResult, BenchResult
 from runner.storage.local import write_atomic
+from runner.train.perf import CPU_FLAGS_ENV
+
+MIN_PAIRS = 8  # fewer epoch pairs than this make a headline that one noisy spell of a shared machine can move
 
 
 def _arm(result: BenchResult, trainer: str, batch_size: int) -> ArmResult:
@@ -34,7 +41,7 @@ def _arm(result: BenchResult, trainer: str, batch_size: int) -> ArmResult:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5, help="per run, the first (compiling) one left out")
     parser.add_argument("--seeds", default="0,1", help="comma-separated; one interleaved run per seed")
     parser.add_argument("--examples", type=int, default=None, help="first N training examples (default: all 60000)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
@@ -45,6 +52,11 @@ def main() -> int:
 
     runs: list[BenchResult] = []
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2: the first, compiling epoch is left out")
+    planned = len(seeds) * (args.epochs - 1)
+    if planned < MIN_PAIRS:
+        print(f"note: {planned} epoch pairs; the headline wants at least {MIN_PAIRS} (more --epochs or --seeds)")
     for seed in seeds:
         options = BenchOptions(
             batch_sizes=(args.batch_size,),
@@ -72,6 +84,8 @@ def main() -> int:
     first = runs[0]
     print()
     print(f"{first.label}; {', '.join(first.versions.values())}")
+    if os.environ.get(CPU_FLAGS_ENV):
+        print(f"CPU flags forced: {CPU_FLAGS_ENV}={os.environ[CPU_FLAGS_ENV]!r}")
     print(
         f"batch {args.batch_size}, {first.train_examples} training examples, {args.epochs} epochs a run, seeds {seeds}"
     )
@@ -80,9 +94,17 @@ def main() -> int:
         print(f"{i:>10} {b:>15.0f} {o:>10.0f} {o / b:>6.2f}x")
     base_rate, our_rate = statistics.median(b for _, b in pairs), statistics.median(o for o, _ in pairs)
     print(f"median examples/s: plain fit {base_rate:.0f}, ours {our_rate:.0f}")
-    spread = f"pairs {min(o / b for o, b in pairs):.2f}x-{max(o / b for o, b in pairs):.2f}x"
+    spread = f"{len(pairs)} pairs, {min(o / b for o, b in pairs):.2f}x-{max(o / b for o, b in pairs):.2f}x"
     print(f"speed-up, median of the per-pair ratios (whole epochs, ours with validation): {ratio:.2f}x ({spread})")
     print(f"speed-up of the training part alone: {train_ratio:.2f}x (target for the whole epoch: >= {args.target}x)")
+    for seed, o, b in zip(seeds, ours, base, strict=True):
+        # What each arm really ran with, read back in its own process (the plain fit's: Keras' and TensorFlow's
+        # defaults as they resolve on this CPU), then why ours chose its precision (a table entry, a calibration's
+        # ms/step, or the cache it came from): on a CPU with native bfloat16 that choice is measured at start-up.
+        print(f"settings, seed {seed}, plain fit: {describe_effective(b.settings.get('effective') or {})}")
+        print(f"settings, seed {seed}, ours:      {describe_effective(o.settings.get('effective') or {})}")
+        reason = o.settings.get("precision_reason")
+        print(f"our precision, seed {seed}: {o.settings.get('precision')}" + (f" ({reason})" if reason else ""))
     for seed, o, b in zip(seeds, ours, base, strict=True):
         accuracies = f"plain fit {b.test_accuracy:.4f}, ours {o.test_accuracy:.4f}"
         print(f"test accuracy after {args.epochs} epochs, seed {seed}: {accuracies}")

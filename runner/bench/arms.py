@@ -49,7 +49,7 @@ class EpochTime(NamedTuple):
 
 
 def _timer(keras: Any) -> Any:
-    class EpochTimer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    class EpochTimer(keras.callbacks.Callback):
         """Epoch begin -> first validation batch (training time), and -> epoch end (epoch time)."""
 
         def __init__(self) -> None:
@@ -78,6 +78,7 @@ class BaselineArm:
         import numpy as np
         import tensorflow as tf
 
+        from runner.bench.effective import effective_settings
         from runner.train import trainer
         from runner.train.data import find_mnist, limit
         from runner.train.models import build_model, make_optimizer
@@ -107,13 +108,9 @@ class BaselineArm:
             "test_examples": len(self.x_test),
             "keras": trainer.keras_version(),
             "tensorflow": tf.__version__,
-            "settings": {
-                "input": "numpy float32 arrays",
-                "precision": "float32",
-                "jit_compile": "Keras default",
-                "steps_per_execution": 1,
-                "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow default"),
-            },
+            # Keras' and TensorFlow's defaults, as they resolve here (e.g. oneDNN is on by default on CPUs with
+            # AVX512-VNNI/BF16 or AMX, off on AVX2-only ones): read back, not assumed.
+            "settings": {"input": "numpy float32 arrays", "effective": effective_settings(tf, self.model)},
         }
 
     def epoch(self) -> EpochTime:
@@ -137,6 +134,7 @@ class TrainerArm:
 
     def __init__(self, spec: ArmSpec) -> None:
         from runner import contract
+        from runner.bench.effective import effective_settings
         from runner.spec import TrainingSpec
         from runner.train import trainer
 
@@ -170,7 +168,11 @@ class TrainerArm:
             "test_examples": self.run.test_examples,
             "keras": trainer.keras_version(),
             "tensorflow": tf.__version__,
-            "settings": {"input": "tf.data (runner.train.data)", **self.run.perf.as_dict()},
+            "settings": {
+                "input": "tf.data (runner.train.data)",
+                **self.run.perf.as_dict(),
+                "effective": effective_settings(tf, self.run.model),
+            },
             "device": describe_device(tf, resolved.kind, resolved.devices, self.run.perf.cpu),
         }
 

@@ -10,9 +10,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from runner.bench.harness import BenchOptions
 
 QUICK = {"epochs": 2, "examples": 8192, "test_examples": 2048}
 
@@ -27,6 +30,47 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 256,512,1024")
     return sizes
+
+
+# The options that become fields of the trainer's TrainingSpec, whose limits they must meet.
+_SPEC_OPTIONS = {
+    "epochs": "--epochs",
+    "batch_size": "--batch-sizes",
+    "learning_rate": "--learning-rate",
+    "seed": "--seed",
+    "max_train_examples": "--examples",
+    "max_test_examples": "--test-examples",
+    "steps_per_execution": "--steps-per-execution",
+}
+
+
+def _check_against_spec(options: BenchOptions) -> None:
+    """Refuse, before any worker starts, what the trainer's spec would refuse inside one (as a traceback): the
+    spec's own limits, so the two cannot drift apart."""
+    from pydantic import ValidationError
+
+    from runner.errors import UsageError
+    from runner.spec import TrainingSpec
+
+    problems: list[str] = []
+    for batch in options.batch_sizes:
+        try:
+            TrainingSpec(
+                epochs=options.epochs,
+                batch_size=batch,
+                learning_rate=options.learning_rate,
+                seed=options.seed,
+                max_train_examples=options.examples,
+                max_test_examples=options.test_examples,
+                steps_per_execution=options.steps_per_execution,
+            )
+        except ValidationError as exc:
+            for error in exc.errors():
+                name = str(error["loc"][0]) if error["loc"] else ""
+                option = _SPEC_OPTIONS.get(name, name)
+                problems.append(f"{option} {error.get('input')!r}: {error['msg'].lower()}")
+    if problems:
+        raise UsageError("; ".join(dict.fromkeys(problems)))
 
 
 def _default_out() -> Path:
@@ -120,6 +164,7 @@ def bench(
     )
     if options.epochs < 2:
         raise UsageError("--epochs must be at least 2: the first, compiling epoch is excluded from the times")
+    _check_against_spec(options)
     directory = out or _default_out()
     typer.echo(
         f"bench: batch sizes {', '.join(map(str, options.batch_sizes))}; {options.epochs} epochs each; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ class _Worker:
         return value
 
     def ready(self) -> dict[str, Any]:
-        return self._reply()  # type: ignore[no-any-return]
+        return self._reply()
 
     def epoch(self) -> EpochTime:
         self.conn.send("epoch")
@@ -107,13 +107,13 @@ class _InProcess:
         self.arm = arm
 
     def ready(self) -> dict[str, Any]:
-        return self.arm.info  # type: ignore[no-any-return]
+        return self.arm.info
 
     def epoch(self) -> EpochTime:
-        return self.arm.epoch()  # type: ignore[no-any-return]
+        return self.arm.epoch()
 
     def finish(self) -> float:
-        return self.arm.finish()  # type: ignore[no-any-return]
+        return self.arm.finish()
 
     def close(self) -> None:
         pass
@@ -139,28 +139,38 @@ def _rate(info: dict[str, Any], epoch: EpochTime) -> float:
     return float(info["examples_per_epoch"]) / epoch.epoch_s
 
 
+def turns(epochs: int, batches: Sequence[int]) -> Iterator[tuple[int, int, tuple[str, str]]]:
+    """(epoch index, batch size, the two trainers in the order they run) for every epoch pair, in running order:
+    epoch 1 at every batch size, then epoch 2, and so on, the batch sizes forwards in one epoch and backwards in
+    the next. The order of the two trainers flips from one epoch to the next at every batch size (AB, BA, AB, ...),
+    whatever the number of batch sizes, and from one pair to the next, so the whole sequence is ABBA too. (Flipping
+    once per pair over a fixed batch order gave each batch size the same order in every epoch when there were an
+    even number of batch sizes.)"""
+    for e in range(epochs):
+        positions = range(len(batches)) if e % 2 == 0 else range(len(batches) - 1, -1, -1)
+        for i in positions:
+            yield e, batches[i], ORDER if (e + i) % 2 == 0 else (ORDER[1], ORDER[0])
+
+
 def _run_group(
     options: BenchOptions, batches: tuple[int, ...], out: Path, in_process: bool, say: Callable[[str], None]
 ) -> tuple[list[ArmResult], dict[str, dict[str, Any]]]:
-    """Start every arm of these batch sizes, then let them take turns: epoch 1 of each, then epoch 2 of each, ...,
-    the order of the two trainers flipped on every turn (ABBA), so neither always runs first."""
+    """Start every arm of these batch sizes, then let them take turns (see turns), so neither trainer always runs
+    first."""
     workers = _start(options, batches, out / "bench-logs", in_process)
     try:
         info = {key: worker.ready() for key, worker in workers.items()}
         times: dict[Key, list[EpochTime]] = {key: [] for key in workers}
-        turn = 0
-        for e in range(options.epochs):
-            for batch in batches:
-                for t in ORDER if turn % 2 == 0 else ORDER[::-1]:
-                    times[t, batch].append(workers[t, batch].epoch())
-                turn += 1
-                base, ours = times["baseline", batch][-1], times["ours", batch][-1]
-                ratio = _rate(info["ours", batch], ours) / _rate(info["baseline", batch], base)
-                note = "compiling, excluded" if e == 0 else f"ours {ratio:.2f}x the examples/s"
-                say(
-                    f"batch {batch}, epoch {e + 1}/{options.epochs}: plain fit {base.epoch_s:.1f} s, "
-                    f"ours {ours.epoch_s:.1f} s ({note})"
-                )
+        for e, batch, order in turns(options.epochs, batches):
+            for t in order:
+                times[t, batch].append(workers[t, batch].epoch())
+            base, ours = times["baseline", batch][-1], times["ours", batch][-1]
+            ratio = _rate(info["ours", batch], ours) / _rate(info["baseline", batch], base)
+            note = "compiling, excluded" if e == 0 else f"ours {ratio:.2f}x the examples/s"
+            say(
+                f"batch {batch}, epoch {e + 1}/{options.epochs}: plain fit {base.epoch_s:.1f} s, "
+                f"ours {ours.epoch_s:.1f} s ({note})"
+            )
         accuracy = {key: worker.finish() for key, worker in workers.items()}
     finally:
         for worker in workers.values():

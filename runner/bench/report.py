@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +21,7 @@ from runner.bench.notebook import NOTEBOOK
 from runner.storage.local import write_atomic
 
 SCHEMA = 1
+MAX_RESULT_BYTES = 16 << 20  # a bench.json of three batch sizes is about 10 KiB
 TRAINERS = ("ours", "baseline")
 TRAINER_NAMES = {"ours": "our trainer", "baseline": "plain model.fit (numpy)"}
 
@@ -135,11 +138,27 @@ class BenchResult:
         )
 
 
+def _read_regular(path: Path) -> str:
+    """The text of a regular file of at most MAX_RESULT_BYTES. Checked with stat() before it is opened, as
+    runner.spec.loader.read_spec_bytes does: opening a FIFO blocks until a writer comes, and reading /dev/zero or
+    /dev/urandom never ends. Checked again on the open descriptor, in case the path was swapped in between."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        raw = f.read(MAX_RESULT_BYTES + 1)
+    if len(raw) > MAX_RESULT_BYTES:
+        raise ValueError(f"larger than {MAX_RESULT_BYTES >> 20} MiB")
+    return raw.decode()
+
+
 def load(path: Path) -> BenchResult:
     """A bench.json, or a directory holding one."""
     path = path / "bench.json" if path.is_dir() else path
     try:
-        return BenchResult.from_json(path.read_text())
+        return BenchResult.from_json(_read_regular(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable bench result ({exc})") from exc
 
@@ -201,8 +220,44 @@ def render_markdown(result: BenchResult) -> str:
         "Epoch time: median of the epochs after the first; ours includes its validation pass over the test set. "
         "Per-example step time: training time / examples trained. Speed-up: median over the interleaved epoch pairs "
         "of our examples/s over the plain fit's.",
+        "",
+        *render_settings(result),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _yes_no(value: Any) -> str:
+    return "-" if value is None else "on" if value else "off"
+
+
+def settings_cells(settings: dict[str, Any]) -> list[str]:
+    """precision, XLA, steps/execution, oneDNN, threads and input of one arm, as it ran (perf.effective_settings,
+    read back from the model and TensorFlow in the arm's process); "-" where a result predates them."""
+    eff = settings.get("effective") or {}
+    threads = eff.get("threads") or {}
+    onednn = _yes_no(eff.get("onednn"))
+    return [
+        str(eff.get("precision", "-")),
+        _yes_no(eff.get("jit_compile")),
+        str(eff.get("steps_per_execution", "-")),
+        f"{onednn} ({eff['onednn_source']})" if eff.get("onednn_source") else onednn,
+        f"{threads['intra_op']} / {threads['inter_op']} ({threads.get('source', '')})" if threads else "-",
+        str(settings.get("input", "-")),
+    ]
+
+
+def render_settings(result: BenchResult) -> list[str]:
+    lines = [
+        "What each trainer ran with, read back in its own process (the plain fit's are Keras' and TensorFlow's "
+        "defaults as they resolve on this machine):",
+        "",
+        "| batch | trainer | precision | XLA | steps/execution | oneDNN | threads intra / inter | input |",
+        "|---:|---|---|---|---:|---|---|---|",
+    ]
+    for arm in sorted(result.arms, key=lambda a: (a.batch_size, TRAINERS.index(a.trainer))):
+        cells = " | ".join(settings_cells(arm.settings))
+        lines.append(f"| {arm.batch_size} | {TRAINER_NAMES[arm.trainer]} | {cells} |")
+    return lines
 
 
 def _series(results: Sequence[BenchResult]) -> list[tuple[str, dict[int, tuple[float, float]]]]:

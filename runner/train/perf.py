@@ -1,34 +1,53 @@
 """How the trainer runs fast on the device it finds: oneDNN, threads, precision, XLA, steps per execution.
 
-Every CPU choice below was measured on the 2-core AMD EPYC (AVX2/FMA, no AVX512/AMX) the project is developed on,
-with epochs interleaved in lock-step between processes (the machine is shared, so only ratios measured side by side
-mean anything); each comment gives the median ratio and docs/bench.md the commands. GPU and TPU choices could not be
-measured here: they follow the vendors' guides, say so, and `runner bench` on such a machine measures them.
+The CPU choices were measured with epochs interleaved in lock-step between processes (the machines are shared, so
+only ratios measured side by side mean anything), on two CPU families: a 2-core AMD EPYC with AVX2/FMA and no
+AVX512 ("AVX2 EPYC"), and a 2-core AMD EPYC Zen 4 with AVX512-BF16 and no AMX ("Zen 4"). Each comment gives the
+median ratio and the CPU it comes from; docs/bench.md has the commands. GPU and TPU choices could not be measured
+here: they follow the vendors' guides, say so, and `runner bench` on such a machine measures them.
 
 Two phases, because TensorFlow reads some settings only once:
 
     process_environment()       before `import tensorflow`: oneDNN
     configure_threads(tf)       after the import, before the first op: thread pools when a CPU quota is set
-    plan = plan_for(kind, ...)  after strategy resolution: precision policy, XLA, steps per execution
+    plan = plan_for(kind, ...)  after strategy resolution, before the run's model is built: precision policy
+                                (calibrated on CPUs with native bfloat16), XLA, steps per execution
 
-Nothing here imports TensorFlow; the functions that need it take it as an argument.
+$RUNNER_CPU_FLAGS changes the CPU features the choices see (/proc/cpuinfo's flags), so that every path can be
+tested on any machine: "+avx512_bf16,-amx_bf16" adds and removes flags; a list without signs ("avx2,fma")
+replaces the detected flags, "none" empties them. It changes what is decided, not what the hardware does: a
+calibration still times the real CPU.
+
+Nothing here imports TensorFlow at module level; the functions that need it take it as an argument.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import functools
+import json
 import math
 import os
 import platform
-from collections.abc import MutableMapping
+import statistics
+import time
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+CPU_FLAGS_ENV = "RUNNER_CPU_FLAGS"
 # CPU flags that mean bfloat16 arithmetic in hardware: AVX512-BF16 (Cooper Lake, Zen 4+), AMX (Sapphire Rapids+),
 # and FEAT_BF16 on Arm (Neoverse V1/N2, Graviton 3+), which /proc/cpuinfo lists as "bf16".
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+CALIBRATION_FILE = "perf-calibration.json"  # in the data cache directory (runner.datasets.cache_dir)
+# How much faster per step bfloat16 must be before auto picks it over float32. Repeated calibrations of one model
+# and batch on the shared 2-core Zen 4 differed by up to 0.15x (1.12x and 1.27x at batch 256; 1.30x, 1.30x, 1.31x
+# and once 1.79x at 1024); float32 is the numerically safer policy, so a gain inside that noise buys no switch.
+BF16_MUST_WIN = 1.10
 
 
 def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
@@ -45,6 +64,22 @@ def cpu_flags(cpuinfo: str) -> frozenset[str]:
         if sep and key.strip().lower() in ("flags", "features"):
             return frozenset(value.split())
     return frozenset()
+
+
+def override_flags(detected: frozenset[str], spec: str | None) -> frozenset[str]:
+    """The flags after $RUNNER_CPU_FLAGS: "+f" adds f, "-f" removes it, bare names replace the detected set
+    ("none": no flags); commas or spaces separate them. Unset or empty: the detected flags."""
+    tokens = (spec or "").replace(",", " ").split()
+    if not tokens:
+        return detected
+    bare = [t for t in tokens if t[0] not in "+-"]
+    if any(len(t) < 2 for t in tokens if t[0] in "+-"):
+        raise ValueError(f"{CPU_FLAGS_ENV}={spec!r}: give flags as +name, -name or name, e.g. +avx512_bf16,-amx_bf16")
+    flags = set() if bare else set(detected)
+    flags.update(t for t in bare if t != "none")
+    flags.update(t[1:] for t in tokens if t[0] == "+")
+    flags.difference_update(t[1:] for t in tokens if t[0] == "-")
+    return frozenset(flags)
 
 
 def cpu_model(cpuinfo: str) -> str:
@@ -121,7 +156,14 @@ def gpu_capability(tf: Any) -> tuple[int, int] | None:
     if not gpus:
         return None
     cc = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability")
-    return tuple(cc) if cc else None  # type: ignore[return-value]
+    return tuple(cc) if cc else None
+
+
+def cpu_candidates(flags: frozenset[str]) -> tuple[str, ...]:
+    """The policies worth timing on a CPU with these flags. Without native bfloat16 only float32: mixed_bfloat16
+    measured 0.21x its examples/s on the AVX2 EPYC (14 interleaved epoch pairs; the conversions cost more than the
+    narrower math saves), so that table entry stands and nothing is calibrated."""
+    return ("float32", "mixed_bfloat16") if has_native_bf16(flags) else ("float32",)
 
 
 def precision_policy(
@@ -130,13 +172,15 @@ def precision_policy(
     capability: tuple[int, int] | None = None,
     requested: str = "auto",
 ) -> str:
-    """The Keras dtype policy for this device.
+    """The Keras dtype policy for this device without a calibration (see choose_precision for the reasons).
 
     TPU: bfloat16 is the MXU's native input type (Cloud TPU docs, "bfloat16 numerical format"); not measured here.
     GPU: float16 with loss scaling on compute capability 7.0+ (tensor cores; Keras mixed-precision guide), float32
     on older GPUs such as the notebook's K80 (3.7), which gain nothing; not measured here.
-    CPU: bfloat16 only with native support. Without it (this AVX2 EPYC) mixed_bfloat16 measured 0.21x the
-    examples/s of float32 (14 interleaved epoch pairs): the conversions cost more than the narrower math saves."""
+    CPU: float32. Native bfloat16 is no proof of a gain, and the gain depends on model and batch: on the Zen 4
+    (AVX512-BF16, no AMX; TensorFlow 2.20 with oneDNN) our trainer with mixed_bfloat16 measured 1.21x the
+    examples/s of float32 at batch 1024 (8 interleaved epoch pairs, 1.03x-1.84x), while the calibration's steps
+    measured 1.30x at batch 1024, 1.12x-1.27x at 256 and 1.02x at 64. So only a calibration picks it."""
     if requested != "auto":
         if requested not in PRECISIONS:
             raise ValueError(f"precision {requested!r}: use auto or one of {', '.join(PRECISIONS)}")
@@ -145,29 +189,191 @@ def precision_policy(
         return "mixed_bfloat16"
     if kind == "gpu":
         return "mixed_float16" if capability and capability >= (7, 0) else "float32"
-    return "mixed_bfloat16" if has_native_bf16(flags) else "float32"
+    return "float32"
+
+
+def pick_from_timings(ms_per_step: Mapping[str, float]) -> str:
+    """float32, unless another policy's step is at least BF16_MUST_WIN times faster; then the fastest of those."""
+    base = ms_per_step["float32"]
+    faster = {p: t for p, t in ms_per_step.items() if p != "float32" and t > 0 and base / t >= BF16_MUST_WIN}
+    return min(faster, key=faster.__getitem__) if faster else "float32"
+
+
+def _timings_text(ms_per_step: Mapping[str, float]) -> str:
+    base = ms_per_step["float32"]
+    parts = [f"{p} {t:.1f} ms/step" + (f" ({base / t:.2f}x)" if p != "float32" else "") for p, t in ms_per_step.items()]
+    return ", ".join(parts) + f"; another policy must be {BF16_MUST_WIN:.2f}x float32 to be picked"
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    policy: str
+    reason: str  # said on the perf line and kept in summary.json
+    source: str  # requested | table | calibrated | cached | uncalibrated | calibration failed
+    calibration: dict[str, Any] | None = None  # the cache entry behind a calibrated or cached choice
+
+
+# -- calibration: time the candidate policies on this CPU, for this model and batch -------------------------------
+
+
+def time_precisions(
+    tf: Any,
+    model: str,
+    batch_size: int,
+    policies: Sequence[str],
+    *,
+    jit_compile: bool | None = None,
+    rounds: int = 5,
+    round_s: float = 0.25,
+) -> dict[str, float]:
+    """Median milliseconds per training step of each policy: the run's model at the run's batch on random data,
+    each compiled and warmed up first, then `rounds` rounds taking turns (ABBA), each about `round_s` long.
+    On the Zen 4 this costs 4-6 s (mnist_cnn, batch 64 to 1024), once per cache key. Keras' state is cleared
+    afterwards, so the run's own model gets the layer names it would have had without the calibration."""
+    from runner.train.models import INPUT_SHAPE, NUM_CLASSES, build_model
+
+    keras = tf.keras
+    before = keras.mixed_precision.global_policy().name
+    x = tf.random.stateless_uniform((batch_size, *INPUT_SHAPE), seed=[0, 0])
+    y = tf.random.stateless_uniform((batch_size,), seed=[0, 1], minval=0, maxval=NUM_CLASSES, dtype=tf.int32)
+    models: dict[str, Any] = {}
+    try:
+        step_s = 0.0
+        for policy in policies:
+            keras.mixed_precision.set_global_policy(policy)
+            models[policy] = build_model(model, keras)
+            xla = {} if jit_compile is None else {"jit_compile": jit_compile}
+            models[policy].compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy", **xla)
+            models[policy].train_on_batch(x, y)  # traces and compiles
+            t0 = time.perf_counter()
+            models[policy].train_on_batch(x, y)  # oneDNN creates its primitives on the first real call
+            step_s = max(step_s, time.perf_counter() - t0)
+        steps = max(1, min(50, round(round_s / max(step_s, 1e-4))))
+        samples: dict[str, list[float]] = {p: [] for p in policies}
+        for r in range(rounds):
+            for policy in policies if r % 2 == 0 else reversed(policies):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    models[policy].train_on_batch(x, y)  # returns numpy values: the step has finished
+                samples[policy].append((time.perf_counter() - t0) / steps * 1e3)
+        return {p: round(statistics.median(samples[p]), 2) for p in policies}
+    finally:
+        models.clear()
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy(before)
+
+
+def calibration_key(tf: Any, model: str, batch_size: int, cpu: str, jit_compile: bool | None) -> str:
+    """What a calibration depends on: the CPU and how much of it we get, the TensorFlow/Keras build and its oneDNN
+    setting, the model and the batch."""
+    keras = getattr(getattr(tf, "keras", None), "__version__", "?")
+    onednn = os.environ.get(ONEDNN_ENV, "default")
+    return (
+        f"{cpu} | {usable_cpus(cpu_quota())} CPUs | TensorFlow {tf.__version__} | Keras {keras} | "
+        f"oneDNN {onednn} | XLA {jit_compile} | {model} | batch {batch_size}"
+    )
+
+
+def default_cache_file() -> Path:
+    from runner import datasets
+
+    return datasets.cache_dir() / CALIBRATION_FILE
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: calibrate again rather than fail the run
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
+    """Add one entry; False when the directory is not writable (a read-only data mount): the run goes on."""
+    data = read_cache(path)
+    data[key] = entry
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: two runs starting at once lose an entry at worst, never the file
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
+Calibrator = Callable[[Sequence[str]], Mapping[str, float]]
+
+
+def choose_precision(
+    kind: str,
+    flags: frozenset[str],
+    capability: tuple[int, int] | None = None,
+    requested: str = "auto",
+    *,
+    calibrate: Calibrator | None = None,
+    cache_file: Path | None = None,
+    key: str = "",
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+) -> PrecisionChoice:
+    """The policy and why. Only a CPU with native bfloat16 has a real choice to make; there it is measured
+    (calibrate, cached under key in cache_file) instead of assumed, and float32 stays unless bfloat16 wins."""
+    policy = precision_policy(kind, flags, capability, requested)
+    if requested != "auto":
+        return PrecisionChoice(policy, "requested", "requested")
+    if kind == "tpu":
+        return PrecisionChoice(policy, "TPU: bfloat16 is the MXU's type", "table")
+    if kind == "gpu":
+        why = f"compute capability {capability[0]}.{capability[1]}" if capability else "compute capability unknown"
+        return PrecisionChoice(policy, f"GPU, {why}", "table")
+    candidates = cpu_candidates(flags)
+    if len(candidates) == 1:
+        return PrecisionChoice(policy, "no native bfloat16; emulated measured 0.21x on the AVX2 EPYC", "table")
+    if calibrate is None:
+        return PrecisionChoice(policy, "native bfloat16, not calibrated (no model and batch given)", "uncalibrated")
+    cached = read_cache(cache_file).get(key) if cache_file else None
+    if isinstance(cached, dict) and cached.get("precision") in candidates and "ms_per_step" in cached:
+        when = str(cached.get("measured", "?"))[:10]
+        reason = f"cached from {when}: {_timings_text(cached['ms_per_step'])}"
+        return PrecisionChoice(cached["precision"], reason, "cached", cached)
+    try:
+        timings = {p: float(t) for p, t in calibrate(candidates).items()}
+        chosen = pick_from_timings(timings)
+    except Exception as exc:  # a calibration must never stop a run: the safe policy instead
+        return PrecisionChoice(policy, f"calibration failed ({type(exc).__name__}: {exc})", "calibration failed")
+    entry = {
+        "precision": chosen,
+        "ms_per_step": timings,
+        "measured": now().isoformat(timespec="seconds"),
+        "key": key,
+    }
+    saved = write_cache(cache_file, key, entry) if cache_file else False
+    reason = f"calibrated: {_timings_text(timings)}" + ("" if saved else " (not cached)")
+    return PrecisionChoice(chosen, reason, "calibrated", entry)
 
 
 def jit_compile(kind: str) -> bool | None:
     """XLA for Keras' compile: None leaves Keras' own default.
 
-    CPU: off. Measured 0.24x the examples/s without oneDNN and 0.57x with it (interleaved epochs, batch 1024):
-    XLA's CPU convolutions are slower than TensorFlow's kernels. GPU: Keras 3 compiles with XLA by default
-    (jit_compile="auto"), tf_keras does not; kept as they are, unmeasured here. TPU: always compiled by XLA."""
+    CPU: off. Measured on the AVX2 EPYC 0.24x the examples/s without oneDNN and 0.57x with it (interleaved epochs,
+    batch 1024): XLA's CPU convolutions are slower than TensorFlow's kernels. GPU: Keras 3 compiles with XLA by
+    default (jit_compile="auto"), tf_keras does not; kept as they are, unmeasured here. TPU: always compiled by XLA."""
     return False if kind == "cpu" else None
 
 
 def steps_per_execution(kind: str, steps_per_epoch: int) -> int:
     """TPU: each host->device round trip costs far more than an MNIST step, so run many steps per call (Cloud TPU
-    performance guide). CPU: 1; 4 measured 0.92x and 8 0.98x of 1 (interleaved epochs, within noise), as Keras'
-    per-step overhead is small next to a CPU step. GPU: 1, unmeasured here; `runner bench --steps-per-execution`
-    measures it on one."""
+    performance guide). CPU: 1; on the AVX2 EPYC 4 measured 0.92x and 8 0.98x of 1 (interleaved epochs, within
+    noise), as Keras' per-step overhead is small next to a CPU step. GPU: 1, unmeasured here; `runner bench
+    --steps-per-execution` measures it on one."""
     return max(1, min(steps_per_epoch, 50)) if kind == "tpu" else 1
 
 
 @dataclass(frozen=True)
 class PerfPlan:
-    """What the trainer chose for this run; written to summary.json as "perf"."""
+    """What the trainer chose for this run and why; written to summary.json as "perf"."""
 
     kind: str
     precision: str
@@ -177,17 +383,24 @@ class PerfPlan:
     native_bf16: bool = False
     env: dict[str, str] = field(default_factory=dict)
     threads: dict[str, int] = field(default_factory=dict)
+    precision_reason: str = ""
+    precision_source: str = ""  # see PrecisionChoice.source
+    calibration: dict[str, Any] | None = None
+    cpu_flags_override: str | None = None  # $RUNNER_CPU_FLAGS, when it changed what the choices saw
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def describe(self) -> str:
-        parts = [self.precision, f"XLA {'default' if self.jit_compile is None else self.jit_compile}"]
+        precision = f"{self.precision} ({self.precision_reason})" if self.precision_reason else self.precision
+        parts = [precision, f"XLA {'default' if self.jit_compile is None else self.jit_compile}"]
         parts.append(f"{self.steps_per_execution} steps/execution")
         if self.env.get(ONEDNN_ENV) == "1" or os.environ.get(ONEDNN_ENV) == "1":
             parts.append("oneDNN")
         if self.threads:
             parts.append(f"threads {self.threads['intra_op']}/{self.threads['inter_op']}")
+        if self.cpu_flags_override is not None:
+            parts.append(f"CPU flags {CPU_FLAGS_ENV}={self.cpu_flags_override!r}")
         return ", ".join(parts)
 
 
@@ -202,17 +415,43 @@ def plan_for(
     env: dict[str, str] | None = None,
     threads: dict[str, int] | None = None,
     cpuinfo: str | None = None,
+    model: str | None = None,
+    batch_size: int | None = None,
+    calibrate: Calibrator | None = None,
+    cache_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> PerfPlan:
+    """The run's choices. With `model` and `batch_size` (and `tf`), a CPU with native bfloat16 times float32
+    against mixed_bfloat16 for them (time_precisions, cached in the data cache); call it before building the
+    run's model, as the calibration clears Keras' session. `calibrate` and `cache_file` replace those in tests."""
+    environ = os.environ if environ is None else environ
     text = read_cpuinfo() if cpuinfo is None else cpuinfo
-    flags = cpu_flags(text)
+    forced = environ.get(CPU_FLAGS_ENV) or None
+    flags = override_flags(cpu_flags(text), forced)
     capability = gpu_capability(tf) if tf is not None and kind == "gpu" else None
+    jit = jit_compile(kind) if requested_jit is None else requested_jit
+    cpu = cpu_model(text)
+    key = ""
+    if calibrate is None and tf is not None and model and batch_size:
+        key = calibration_key(tf, model, batch_size, cpu, jit)
+        calibrate = functools.partial(time_precisions, tf, model, batch_size, jit_compile=jit)
+        cache_file = cache_file or default_cache_file()
+    elif calibrate is not None:
+        key = f"{cpu} | {model} | batch {batch_size}"
+    choice = choose_precision(
+        kind, flags, capability, requested_precision, calibrate=calibrate, cache_file=cache_file, key=key
+    )
     return PerfPlan(
         kind=kind,
-        precision=precision_policy(kind, flags, capability, requested_precision),
-        jit_compile=jit_compile(kind) if requested_jit is None else requested_jit,
+        precision=choice.policy,
+        jit_compile=jit,
         steps_per_execution=requested_steps or steps_per_execution(kind, steps_per_epoch),
-        cpu=cpu_model(text),
+        cpu=cpu,
         native_bf16=has_native_bf16(flags),
         env=dict(env or {}),
         threads=dict(threads or {}),
+        precision_reason=choice.reason,
+        precision_source=choice.source,
+        calibration=choice.calibration,
+        cpu_flags_override=forced,
     )

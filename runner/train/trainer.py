@@ -190,6 +190,8 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
             requested_jit=jit_compile,
             env=env,
             threads=threads,
+            model=cfg.model,
+            batch_size=cfg.batch_size,
         )
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc

@@ -1,0 +1,653 @@
+"""runner bench and the trainer's device choices: pure parts as unit tests, then the real bench on a slice of MNIST.
+
+Nothing here asserts on wall time: the machines these tests run on are shared and their timings are noise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from runner.bench import effective, report
+from runner.bench.command import bench
+from runner.bench.notebook import NOTEBOOK_GPU, NOTEBOOK_TPU
+from runner.bench.report import ArmResult, BenchResult
+from runner.errors import UsageError
+from runner.train import perf
+
+EPYC_AVX2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu vme de pse tsc msr sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni
+
+processor\t: 1
+flags\t\t: fpu avx2
+"""
+SAPPHIRE_RAPIDS = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+COOPER_LAKE = "flags\t: avx2 avx512f avx512_bf16\n"
+ZEN4 = "model name\t: AMD EPYC\nflags\t\t: avx2 avx512f avx512_vnni avx512_bf16\n"  # AVX512-BF16, no AMX
+GRAVITON3 = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes sve bf16 i8mm\nCPU part\t: 0xd40\n"
+GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\n"
+
+
+# -- CPU features and the precision policy ---------------------------------------------------------------------------
+
+
+def test_cpu_flags_come_from_the_first_cpu() -> None:
+    flags = perf.cpu_flags(EPYC_AVX2)
+    assert {"avx2", "fma", "sha_ni"} <= flags and "avx512f" not in flags
+    assert perf.cpu_model(EPYC_AVX2) == "AMD EPYC 7B13"
+    assert perf.cpu_flags("") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [(EPYC_AVX2, False), (SAPPHIRE_RAPIDS, True), (COOPER_LAKE, True), (GRAVITON3, True), (GRAVITON2, False)],
+)
+def test_native_bf16_is_detected_from_cpuinfo(cpuinfo: str, native: bool) -> None:
+    assert perf.has_native_bf16(perf.cpu_flags(cpuinfo)) is native
+
+
+@pytest.mark.parametrize(
+    ("kind", "cpuinfo", "capability", "policy"),
+    [
+        ("tpu", "", None, "mixed_bfloat16"),
+        ("gpu", "", (3, 7), "float32"),  # the notebook's K80: no tensor cores
+        ("gpu", "", (6, 0), "float32"),
+        ("gpu", "", (7, 0), "mixed_float16"),
+        ("gpu", "", (9, 0), "mixed_float16"),
+        ("gpu", "", None, "float32"),
+        ("cpu", EPYC_AVX2, None, "float32"),  # emulated bf16 measured 0.21x
+        ("cpu", SAPPHIRE_RAPIDS, None, "float32"),  # native bf16 is no proof of a gain: only a calibration picks it
+        ("cpu", GRAVITON3, None, "float32"),
+    ],
+)
+def test_precision_policy_per_device(kind: str, cpuinfo: str, capability: tuple[int, int] | None, policy: str) -> None:
+    assert perf.precision_policy(kind, perf.cpu_flags(cpuinfo), capability) == policy
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags"),
+    [
+        (None, {"avx2", "avx512_bf16", "amx_bf16"}),
+        ("", {"avx2", "avx512_bf16", "amx_bf16"}),
+        ("-avx512_bf16,-amx_bf16", {"avx2"}),
+        ("+fma -amx_bf16", {"avx2", "avx512_bf16", "fma"}),
+        ("avx2,fma", {"avx2", "fma"}),  # no signs: a replacement
+        ("none", set()),
+        ("none,+bf16", {"bf16"}),
+    ],
+)
+def test_cpu_flags_can_be_forced(spec: str | None, flags: set[str]) -> None:
+    assert perf.override_flags(frozenset({"avx2", "avx512_bf16", "amx_bf16"}), spec) == flags
+
+
+def test_a_malformed_flag_override_is_an_error() -> None:
+    with pytest.raises(ValueError, match="RUNNER_CPU_FLAGS"):
+        perf.plan_for("cpu", 58, cpuinfo=ZEN4, environ={perf.CPU_FLAGS_ENV: "+avx2,-"})
+
+
+NO_BF16 = "-avx512_bf16,-amx_bf16,-bf16"
+BF16_WINS = {"float32": 100.0, "mixed_bfloat16": 40.0}  # what AMX might do: 2.5x
+BF16_INSIDE_NOISE = {"float32": 100.0, "mixed_bfloat16": 95.0}  # 1.05x
+BF16_EMULATED = {"float32": 100.0, "mixed_bfloat16": 476.0}  # 0.21x, as measured on the AVX2 EPYC
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "forced", "timings", "policy", "source"),
+    [
+        (EPYC_AVX2, None, None, "float32", "table"),  # no real choice: nothing is timed
+        (EPYC_AVX2, "+avx512_bf16", BF16_EMULATED, "float32", "calibrated"),
+        (ZEN4, None, BF16_INSIDE_NOISE, "float32", "calibrated"),
+        (ZEN4, None, BF16_WINS, "mixed_bfloat16", "calibrated"),
+        (ZEN4, NO_BF16, None, "float32", "table"),
+        (SAPPHIRE_RAPIDS, None, BF16_WINS, "mixed_bfloat16", "calibrated"),
+        (SAPPHIRE_RAPIDS, "-amx_bf16", BF16_INSIDE_NOISE, "float32", "calibrated"),  # still AVX512-BF16
+        (SAPPHIRE_RAPIDS, NO_BF16, None, "float32", "table"),
+        (GRAVITON3, None, {"float32": 110.0, "mixed_bfloat16": 100.0}, "mixed_bfloat16", "calibrated"),  # 1.10x
+        (GRAVITON2, "+bf16", BF16_WINS, "mixed_bfloat16", "calibrated"),
+        ("", None, None, "float32", "table"),  # no /proc/cpuinfo: nothing assumed
+        ("", "avx512_bf16", BF16_INSIDE_NOISE, "float32", "calibrated"),
+    ],
+)
+def test_cpu_precision_is_measured_where_there_is_a_choice(
+    cpuinfo: str,
+    forced: str | None,
+    timings: dict[str, float] | None,
+    policy: str,
+    source: str,
+    tmp_path: Path,
+) -> None:
+    timed: list[tuple[str, ...]] = []
+
+    def calibrate(policies: Sequence[str]) -> dict[str, float]:
+        timed.append(tuple(policies))
+        assert timings is not None, "timed a CPU without native bfloat16"
+        return timings
+
+    environ = {perf.CPU_FLAGS_ENV: forced} if forced else {}
+    plan = perf.plan_for(
+        "cpu", 58, cpuinfo=cpuinfo, environ=environ, calibrate=calibrate, cache_file=tmp_path / "c.json"
+    )
+    assert (plan.precision, plan.precision_source) == (policy, source)
+    assert plan.native_bf16 is (timings is not None)
+    assert timed == ([("float32", "mixed_bfloat16")] if timings else [])
+    assert plan.cpu_flags_override == forced
+    if timings:
+        assert plan.calibration is not None and plan.calibration["ms_per_step"] == timings
+        assert plan.precision == perf.pick_from_timings(timings)
+
+
+@pytest.mark.parametrize("forced", ["+avx512_bf16", NO_BF16])
+def test_this_machine_with_bfloat16_forced_each_way(forced: str, tmp_path: Path) -> None:
+    """The real /proc/cpuinfo of whatever machine runs the tests, its bfloat16 forced on and off."""
+    plan = perf.plan_for(
+        "cpu",
+        58,
+        environ={perf.CPU_FLAGS_ENV: forced},
+        calibrate=lambda policies: BF16_WINS,
+        cache_file=tmp_path / "c.json",
+    )
+    native = forced.startswith("+")
+    assert plan.native_bf16 is native
+    assert plan.precision == ("mixed_bfloat16" if native else "float32")
+    assert f"{perf.CPU_FLAGS_ENV}={forced!r}" in plan.describe()
+
+
+def test_native_bfloat16_without_a_model_to_time_stays_float32() -> None:
+    plan = perf.plan_for("cpu", 58, cpuinfo=ZEN4, environ={})
+    assert (plan.precision, plan.precision_source) == ("float32", "uncalibrated")
+    assert "not calibrated" in plan.describe()
+
+
+def test_a_calibration_is_cached_and_says_when(tmp_path: Path) -> None:
+    timed: list[Sequence[str]] = []
+
+    def calibrate(policies: Sequence[str]) -> dict[str, float]:
+        timed.append(policies)
+        return {"float32": 120.0, "mixed_bfloat16": 60.0}
+
+    cache = tmp_path / "data" / perf.CALIBRATION_FILE
+    when = datetime.datetime(2026, 12, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    flags = perf.cpu_flags(ZEN4)
+    kwargs = {"calibrate": calibrate, "cache_file": cache, "now": lambda: when}
+    first = perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 1024", **kwargs)  # type: ignore[arg-type]
+    assert (first.policy, first.source) == ("mixed_bfloat16", "calibrated")
+    assert "float32 120.0 ms/step, mixed_bfloat16 60.0 ms/step (2.00x)" in first.reason
+    again = perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 1024", **kwargs)  # type: ignore[arg-type]
+    assert (again.policy, again.source) == ("mixed_bfloat16", "cached")
+    assert again.reason.startswith("cached from 2026-12-03: float32 120.0 ms/step")
+    assert len(timed) == 1
+    perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 512", **kwargs)  # type: ignore[arg-type]
+    assert len(timed) == 2  # another batch is another calibration
+    assert set(json.loads(cache.read_text())) == {"zen4 | mnist_cnn | batch 1024", "zen4 | mnist_cnn | batch 512"}
+    cache.write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert perf.choose_precision("cpu", flags, key="k", **kwargs).source == "calibrated"  # type: ignore[arg-type]
+
+
+def test_a_failed_or_unsaved_calibration_does_not_stop_the_run(tmp_path: Path) -> None:
+    def broken(policies: Sequence[str]) -> dict[str, float]:
+        raise RuntimeError("oneDNN said no")
+
+    flags = perf.cpu_flags(ZEN4)
+    failed = perf.choose_precision("cpu", flags, calibrate=broken, cache_file=tmp_path / "c.json", key="k")
+    assert (failed.policy, failed.source) == ("float32", "calibration failed")
+    assert "oneDNN said no" in failed.reason
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache directory should be: not writable
+    unsaved = perf.choose_precision("cpu", flags, calibrate=lambda p: BF16_WINS, cache_file=blocked / "c.json", key="k")
+    assert unsaved.source == "calibrated" and unsaved.reason.endswith("(not cached)")
+
+
+def test_precision_can_be_forced_but_not_misspelt() -> None:
+    assert perf.precision_policy("tpu", requested="float32") == "float32"
+    assert perf.precision_policy("cpu", requested="mixed_bfloat16") == "mixed_bfloat16"
+    with pytest.raises(ValueError, match="mixed_float16"):
+        perf.precision_policy("cpu", requested="fp16")
+
+
+def test_xla_and_steps_per_execution_per_device() -> None:
+    assert perf.jit_compile("cpu") is False
+    assert perf.jit_compile("gpu") is None and perf.jit_compile("tpu") is None  # Keras' own default
+    assert perf.steps_per_execution("cpu", 58) == 1
+    assert perf.steps_per_execution("tpu", 58) == 50
+    assert perf.steps_per_execution("tpu", 7) == 7
+
+
+def test_plan_records_the_choices_and_why() -> None:
+    plan = perf.plan_for("cpu", 58, cpuinfo=EPYC_AVX2, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, environ={})
+    assert (plan.precision, plan.jit_compile, plan.steps_per_execution) == ("float32", False, 1)
+    assert plan.cpu == "AMD EPYC 7B13" and not plan.native_bf16
+    assert plan.describe().startswith("float32 (no native bfloat16; emulated measured 0.21x on the AVX2 EPYC), ")
+    assert "oneDNN" in plan.describe()
+    recorded = json.loads(json.dumps(plan.as_dict()))  # summary.json's "perf"
+    assert recorded["precision"] == "float32" and recorded["precision_source"] == "table"
+    assert recorded["precision_reason"] and recorded["calibration"] is None
+    assert perf.plan_for("cpu", 58, cpuinfo=SAPPHIRE_RAPIDS, requested_steps=4).steps_per_execution == 4
+
+
+def test_onednn_is_enabled_on_x86_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    assert perf.process_environment(env, machine="x86_64") == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    assert env == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    user = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert perf.process_environment(user, machine="x86_64") == {} and user["TF_ENABLE_ONEDNN_OPTS"] == "0"
+    arm: dict[str, str] = {}
+    assert perf.process_environment(arm, machine="aarch64") == {} and arm == {}
+
+
+def test_cpu_quota_from_cgroup_files(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert perf.cpu_quota(str(v2)) is None
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert perf.cpu_quota(str(v2)) == 1.5
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert perf.cpu_quota(str(tmp_path / "v1")) is None
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    assert perf.cpu_quota(str(tmp_path / "v1")) == 4.0
+    assert perf.cpu_quota(str(tmp_path / "none")) is None
+    assert perf.usable_cpus(1.5, affinity=16) == 2
+    assert perf.usable_cpus(None, affinity=16) == 16
+    assert perf.usable_cpus(32.0, affinity=8) == 8
+
+
+def test_threads_follow_a_quota_and_are_left_alone_without_one() -> None:
+    calls: list[tuple[str, int]] = []
+
+    class Threading:
+        def set_intra_op_parallelism_threads(self, n: int) -> None:
+            calls.append(("intra", n))
+
+        def set_inter_op_parallelism_threads(self, n: int) -> None:
+            calls.append(("inter", n))
+
+    class FakeTf:
+        class config:  # shaped like tf.config
+            threading = Threading()
+
+    cores = os.cpu_count() or 1
+    assert perf.configure_threads(FakeTf, quota=float(cores)) == {} and calls == []  # no smaller than the host
+    if cores > 1:
+        assert perf.configure_threads(FakeTf, quota=1.0) == {"intra_op": 1, "inter_op": 1}
+        assert calls == [("intra", 1), ("inter", 1)]
+
+
+# -- results, tables, plots -----------------------------------------------------------------------------------------
+
+
+THREADS = {"intra_op": 2, "inter_op": 2, "source": "TensorFlow default"}
+BASE_SETTINGS = {
+    "input": "numpy float32 arrays",
+    "effective": {
+        "precision": "float32",
+        "jit_compile": False,
+        "steps_per_execution": 1,
+        "onednn": True,
+        "onednn_source": "TensorFlow default",
+        "threads": THREADS,
+    },
+}
+OUR_SETTINGS = {
+    "input": "tf.data (runner.train.data)",
+    "precision": "mixed_bfloat16",
+    "effective": {
+        "precision": "mixed_bfloat16 (Dropout float32)",
+        "jit_compile": False,
+        "steps_per_execution": 1,
+        "onednn": True,
+        "onednn_source": "TF_ENABLE_ONEDNN_OPTS=1",
+        "threads": THREADS,
+    },
+}
+
+
+def _result(label: str = "cpu: test box", slow_first: float = 100.0) -> BenchResult:
+    arms = []
+    for batch, base_s, ours_s in ((256, 60.0, 30.0), (1024, 50.0, 25.0)):
+        base_times = (slow_first, base_s, base_s * 1.2)
+        arms.append(ArmResult("baseline", batch, 60000, base_times, (slow_first, base_s, base_s), 0.98, BASE_SETTINGS))
+        examples = 60000 // batch * batch
+        ours_times = (slow_first, ours_s, ours_s * 1.2)
+        arms.append(ArmResult("ours", batch, examples, ours_times, (90.0, 24.0, 24.0), 0.981, OUR_SETTINGS))
+    return BenchResult(
+        label=label,
+        device={"kind": "cpu"},
+        versions={"tensorflow": "TensorFlow 2.20.0", "keras": "keras 3.15.1"},
+        train_examples=60000,
+        test_examples=10000,
+        epochs=3,
+        schedule="interleaved",
+        arms=tuple(arms),
+    )
+
+
+class _FakeWorker:
+    """Stands for one arm's worker process: notes when it runs an epoch, in one shared log."""
+
+    def __init__(self, key: tuple[str, int], log: list[tuple[str, int]]) -> None:
+        self.key, self.log = key, log
+
+    def ready(self) -> dict[str, Any]:
+        settings = {"input": "fake", "effective": {"precision": "float32"}}
+        return {"examples_per_epoch": 1000, "test_examples": 100, "keras": "keras 3", "settings": settings}
+
+    def epoch(self) -> Any:
+        from runner.bench.arms import EpochTime
+
+        self.log.append(self.key)
+        return EpochTime(1.0, 0.9)
+
+    def finish(self) -> float:
+        return 0.9
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("batches", [(1024,), (256, 1024), (256, 512, 1024), (128, 256, 512, 1024)])
+def test_each_batch_size_alternates_which_trainer_runs_first(
+    batches: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's real loop, its workers faked. At every batch size the trainer that runs first must alternate
+    from one epoch pair to the next, with any number of batch sizes. The former scheme flipped the order once per
+    turn over all batch sizes, so with 2 or 4 of them each batch size ran in the same order every epoch."""
+    from runner.bench import harness
+
+    log: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        harness, "_start", lambda options, batches, logs, in_process: {k: _FakeWorker(k, log) for k in _keys(batches)}
+    )
+    epochs = 6
+    harness._run_group(harness.BenchOptions(batch_sizes=batches, epochs=epochs), batches, tmp_path, False, print)
+    assert len(log) == 2 * epochs * len(batches)
+    pairs = [log[i : i + 2] for i in range(0, len(log), 2)]
+    assert all(a[1] == b[1] and {a[0], b[0]} == {"ours", "baseline"} for a, b in pairs)
+    for batch in batches:
+        firsts = [a[0] for a, _ in pairs if a[1] == batch]
+        assert all(x != y for x, y in itertools.pairwise(firsts)), (batch, firsts)
+    # And the whole sequence is ABBA: each pair starts with the trainer that ended the one before.
+    assert all(before[1][0] == after[0][0] for before, after in itertools.pairwise(pairs))
+
+
+def _keys(batches: Sequence[int]) -> list[tuple[str, int]]:
+    return [(t, b) for b in batches for t in ("baseline", "ours")]
+
+
+def test_epoch_time_leaves_out_the_first_epoch() -> None:
+    result = _result(slow_first=1000.0)
+    base = result.arm("baseline", 256)
+    assert base is not None
+    assert base.epoch_time_s == pytest.approx(66.0)  # median of 60 and 72; the 1000 s compiling epoch is out
+    assert base.us_per_example == pytest.approx(60.0 / 60000 * 1e6)
+    ours = result.arm("ours", 256)
+    assert ours is not None and ours.us_per_example == pytest.approx(24.0 / 59904 * 1e6)
+    # Pairwise: (59904/30)/(60000/60) and (59904/36)/(60000/72) -> both 1.9968
+    assert result.speedup(256) == pytest.approx(2 * 59904 / 60000)
+    assert result.speedup(512) is None
+
+
+def test_markdown_table_has_both_trainers_every_batch_and_the_notebook() -> None:
+    text = report.render_markdown(_result())
+    times = text.split("What each trainer ran with")[0]
+    rows = [line for line in times.splitlines() if line.startswith("| 256 ") or line.startswith("| 1024 ")]
+    assert len(rows) == 8  # 2 batch sizes x (ours, plain fit, notebook GPU, notebook TPU)
+    assert "| 256 | our trainer | 33.0 | 401 | 1815 | 0.9810 | 2.00x |" in text
+    assert "| 256 | plain model.fit (numpy) | 66.0 | 1000 | 909 | 0.9800 |  |" in text
+    assert f"| 1024 | {NOTEBOOK_TPU.label} | 2 | 37 |" in text
+    assert f"| 256 | {NOTEBOOK_GPU.label} | 6 | 94 |" in text
+    assert "TensorFlow 2.20.0, keras 3.15.1" in text
+
+
+def test_the_table_shows_what_each_trainer_ran_with() -> None:
+    text = report.render_markdown(_result())
+    assert (
+        "| 1024 | plain model.fit (numpy) | float32 | off | 1 | on (TensorFlow default) | 2 / 2 (TensorFlow default) "
+        "| numpy float32 arrays |" in text
+    )
+    assert (
+        "| 256 | our trainer | mixed_bfloat16 (Dropout float32) | off | 1 | on (TF_ENABLE_ONEDNN_OPTS=1) "
+        "| 2 / 2 (TensorFlow default) | tf.data (runner.train.data) |" in text
+    )
+    old = ArmResult("ours", 256, 59904, (1.0, 1.0), (1.0, 1.0), 0.9)  # a bench.json from before the settings
+    assert report.settings_cells(old.settings) == ["-", "-", "-", "-", "-", "-"]
+    line = effective.describe_effective(BASE_SETTINGS["effective"])  # type: ignore[arg-type]
+    assert line == (
+        "float32, XLA off, 1 step(s)/execution, oneDNN on (TensorFlow default), "
+        "threads 2 intra / 2 inter (TensorFlow default)"
+    )
+
+
+def test_effective_threads_are_what_tensorflow_resolves() -> None:
+    class Threading:
+        intra, inter = 0, 0
+
+        def get_intra_op_parallelism_threads(self) -> int:
+            return self.intra
+
+        def get_inter_op_parallelism_threads(self) -> int:
+            return self.inter
+
+    class FakeTf:
+        class config:  # shaped like tf.config
+            threading = Threading()
+
+    cpus = perf.usable_cpus()
+    default = effective.effective_threads(FakeTf, environ={})
+    assert default == {"intra_op": cpus, "inter_op": cpus, "source": "TensorFlow default"}
+    from_env = effective.effective_threads(FakeTf, environ={"TF_NUM_INTEROP_THREADS": "1"})
+    assert from_env == {"intra_op": cpus, "inter_op": 1, "source": "TensorFlow default/TF_NUM_INTEROP_THREADS"}
+    FakeTf.config.threading.intra = 3
+    assert effective.effective_threads(FakeTf, environ={"TF_NUM_INTRAOP_THREADS": "5"})["intra_op"] == 3  # set wins
+
+
+def test_results_round_trip_and_combine(tmp_path: Path) -> None:
+    first, second = _result("cpu: box A"), _result("gpu: box B")
+    assert BenchResult.from_json(first.to_json()) == first
+    summary = json.loads(first.to_json())
+    assert summary["speedup"] == {"256": 1.997, "1024": 1.98}  # 2 x 59904/60000 and 2 x 59392/60000
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bench.json").write_text(first.to_json())
+    (tmp_path / "b.json").write_text(second.to_json())
+    loaded = [report.load(tmp_path / "a"), report.load(tmp_path / "b.json")]  # a directory or the file itself
+    text = report.render_comparison(loaded)
+    assert "| notebook K80 GPU | 6 s / 94 us | 5 s / 82 us | 4 s / 79 us |" in text
+    assert "| cpu: box A, our trainer | 33.0 s / 401 us |" in text
+    assert "| gpu: box B, plain model.fit (numpy) |" in text
+    assert "batch 256: 2.00x" in text
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a readable bench result"):
+        report.load(tmp_path / "bad.json")
+
+
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = report.plot([_result(), _result("gpu: other")], tmp_path / "bench.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_command_writes_the_combined_table(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(_result("cpu: A").to_json())
+    (tmp_path / "b.json").write_text(_result("cpu: B").to_json())
+    result = CliRunner().invoke(
+        _app(), ["--compare", str(tmp_path / "a.json"), "--compare", str(tmp_path / "b.json"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "cpu: A, our trainer" in result.output and "cpu: B, our trainer" in result.output
+    assert "cpu: B, our trainer" in (tmp_path / "compare.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "1"], "at least 2"),
+        (["--batch-sizes", "256,x"], "positive integers"),
+        (["--precision", "fp8"], "mixed_bfloat16"),
+        (["--epochs", "10001"], "--epochs 10001: input should be less than or equal to 10000"),
+        (["--examples", "-1"], "--examples -1: input should be greater than or equal to 1"),
+        (["--test-examples", "0"], "--test-examples 0"),
+        (["--learning-rate", "0"], "--learning-rate 0.0"),
+        (["--steps-per-execution", "0"], "--steps-per-execution 0"),
+        (["--seed", "-3"], "--seed -3"),
+        (["--batch-sizes", "256,2000000"], "--batch-sizes 2000000"),
+        (["--compare", "/dev/zero"], "not a regular file"),
+        (["--compare", "/dev/null"], "not a regular file"),
+    ],
+)
+def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(_app(), args)
+    assert isinstance(result.exception, UsageError), result.output
+    assert message in str(result.exception)
+
+
+def test_out_of_range_options_exit_2_before_any_worker_starts(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    for args in (["--examples", "-1"], ["--compare", "/dev/zero"], ["--compare", str(fifo)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.bench", *args, "--out", str(tmp_path / "out")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and "error" in done.stderr.lower()
+    assert not (tmp_path / "out").exists()
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(bench)
+    return app
+
+
+# -- the real bench, on a slice of real MNIST -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_runs_both_trainers_at_every_batch_size(
+    tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No bfloat16 whatever this CPU has, so the decision is the table's (the TPU-schedule test below forces it on).
+    monkeypatch.setenv(perf.CPU_FLAGS_ENV, NO_BF16)
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))  # a calibration is cached here, not in the user's
+    out = tmp_path / "bench"
+    args = ["--batch-sizes", "128,256", "--epochs", "2", "--examples", "1024", "--test-examples", "256"]
+    result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.png", "bench-logs"}
+    data = json.loads((out / "bench.json").read_text())
+    assert {(a["trainer"], a["batch_size"]) for a in data["arms"]} == {
+        (t, b) for t in ("ours", "baseline") for b in (128, 256)
+    }
+    for arm in data["arms"]:
+        assert len(arm["epoch_times_s"]) == 2 and len(arm["train_times_s"]) == 2
+        assert all(t > 0 for t in arm["epoch_times_s"])
+        assert 0.1 < arm["test_accuracy"] <= 1.0  # real data, real learning: far above chance after 2 epochs
+    for row in data["summary"]:  # the reported epoch time is the second epoch's: the first one is left out
+        arm = next(a for a in data["arms"] if (a["trainer"], a["batch_size"]) == (row["trainer"], row["batch_size"]))
+        assert row["epoch_time_s"] == pytest.approx(statistics.median(arm["epoch_times_s"][1:]), abs=1e-3)
+    for ours in (a for a in data["arms"] if a["trainer"] == "ours"):  # the code's own decision for this CPU
+        settings = ours["settings"]
+        assert settings["steps_per_execution"] == 1 and settings["jit_compile"] is False
+        assert settings["native_bf16"] is False and settings["cpu_flags_override"] == NO_BF16
+        _assert_own_decision(settings)
+        assert settings["precision"] == "float32"
+    baseline = next(a for a in data["arms"] if a["trainer"] == "baseline")
+    assert baseline["examples_per_epoch"] == 1024 and baseline["settings"]["input"] == "numpy float32 arrays"
+    table = (out / "bench.md").read_text()
+    assert table in result.output  # printed as well as written
+    assert "| 128 | our trainer |" in table and "| 256 | plain model.fit (numpy) |" in table
+    assert data["test_examples"] == 256 and data["train_examples"] == 1024
+
+    combined = CliRunner().invoke(_app(), ["--compare", str(out), "--compare", str(out / "bench.json")])
+    assert combined.exit_code == 0, combined.output
+    assert combined.output.count(", our trainer |") == 2
+
+
+def _assert_own_decision(settings: dict[str, Any]) -> None:
+    """What the trainer recorded is what perf decides from the features it saw (and the times it measured)."""
+    source = settings["precision_source"]
+    if not settings["native_bf16"]:
+        assert (settings["precision"], source) == ("float32", "table")
+    elif source in ("calibrated", "cached"):
+        timings = settings["calibration"]["ms_per_step"]
+        assert set(timings) == {"float32", "mixed_bfloat16"} and all(t > 0 for t in timings.values())
+        assert settings["precision"] == perf.pick_from_timings(timings)
+    else:  # a trainer that does not pass its model and batch to plan_for cannot calibrate
+        assert (settings["precision"], source) == ("float32", "uncalibrated")
+    assert settings["precision_reason"]
+
+
+@pytest.mark.slow
+def test_bench_in_one_process_as_on_a_tpu_host(tmp_path: Path, mnist_npz: Path) -> None:
+    """The TPU schedule (both trainers in one process), exercised on CPU in a child process of its own, with native
+    bfloat16 forced on (the test above forces it off): the trainer's decision, and a real calibration of the run's
+    model and batch on this CPU, then read back from the data cache."""
+    forced = "+avx512_bf16"
+    script = textwrap.dedent(
+        f"""
+        import json
+        from pathlib import Path
+        from runner.bench.harness import BenchOptions, run_bench
+        options = BenchOptions(batch_sizes=(128,), epochs=2, examples=512, test_examples=128,
+                               data={str(mnist_npz)!r}, in_process=True)
+        result = run_bench(options, Path({str(tmp_path)!r}), command="test")
+        print("RESULT", result.to_json().replace("\\n", ""))
+
+        import keras, tensorflow as tf
+        from runner.train import perf
+        from runner.train.models import build_model
+        plans = [perf.plan_for("cpu", 4, tf=tf, model="mnist_cnn", batch_size=128) for _ in range(2)]
+        names = [layer.name for layer in build_model("mnist_cnn", keras).layers]
+        print("PLANS", json.dumps({{"plans": [p.as_dict() for p in plans], "names": names}}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_"))}
+    env.update({perf.CPU_FLAGS_ENV: forced, "RUNNER_DATA_DIR": str(tmp_path / "data")})
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    result = BenchResult.from_json(line[len("RESULT ") :])
+    assert "one process" in result.schedule
+    assert {a.trainer for a in result.arms} == {"ours", "baseline"}
+    assert all(len(a.epoch_times_s) == 2 for a in result.arms)
+    ours = result.arm("ours", 128)
+    assert ours is not None and ours.settings["native_bf16"] is True
+    _assert_own_decision(ours.settings)
+
+    line = next(line for line in done.stdout.splitlines() if line.startswith("PLANS "))
+    plans, names = json.loads(line[len("PLANS ") :]).values()
+    for plan in plans:
+        _assert_own_decision(plan)
+    # Timed once on the real CPU (by the trainer already, when it passes its model and batch), then read back.
+    assert [p["precision_source"] for p in plans] in (["calibrated", "cached"], ["cached", "cached"])
+    assert plans[1]["precision_reason"].startswith("cached from ")
+    assert (tmp_path / "data" / perf.CALIBRATION_FILE).is_file()
+    if plans[0]["precision_source"] == "calibrated":
+        assert names[0] == "conv2d"  # the calibration's models left no trace in Keras' naming
