@@ -121,14 +121,13 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
         assert words in text, words
 
 
-def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Path) -> None:
-    """Hand-written files, as another runner version or user code may leave them: a corrupt manifest and spec, a
-    torn metrics line, an event whose clock is absurd. The page is written; each problem is a warning on it."""
-    from runner.collect.report import make_report
-    from runner.watch.runs import RunRecord
-    from runner.watch.state import RunState
+T0 = 1_800_000_000.0
 
-    t0 = 1_800_000_000.0
+
+def damaged_run_dir(tmp_path: Path) -> Path:
+    """Hand-written files, as another runner version or user code may leave them: a corrupt manifest and spec, a
+    torn metrics line, an event whose clock is absurd."""
+    t0 = T0
     run_dir = tmp_path / "run"
     (run_dir / "events").mkdir(parents=True)
     (run_dir / "checkpoints").mkdir()
@@ -144,8 +143,19 @@ def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Pa
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 3, "lo')
     (run_dir / "spec.yaml").write_text(": : [")
     (run_dir / "checkpoints" / "latest.json").write_text("not json")
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "r-1", "job": "j", "backend": "local", "created_at": t0}))
+    return run_dir
+
+
+def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Path) -> None:
+    """The page is written; each problem is a warning on it."""
+    from runner.collect.report import make_report
+    from runner.watch.runs import RunRecord
+    from runner.watch.state import RunState
+
+    run_dir = damaged_run_dir(tmp_path)
     record = RunRecord(
-        run_id="r-1", job="j", backend="local", run_dir=str(run_dir), created_at=t0, state=RunState.SUCCEEDED
+        run_id="r-1", job="j", backend="local", run_dir=str(run_dir), created_at=T0, state=RunState.SUCCEEDED
     )
     report = make_report(record, RunState.SUCCEEDED)
     page = report.path.read_text()
@@ -157,3 +167,46 @@ def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Pa
     assert charts["loss"] == {"loss": 2}  # the torn third line is not a point
     assert len(report.data["timeline"]["markers"]) == 1 and charts["timeline"]["markers"] == 0  # listed, not drawn
     assert "<script>" not in page  # the only script is the data block, which never runs
+
+
+def test_report_json_shape_of_a_run_directory(tmp_path: Path) -> None:
+    """`runner report DIR --json`: the page's data, nothing written, every top-level key there with its type."""
+    run_dir = damaged_run_dir(tmp_path)
+    result = invoke("report", str(run_dir), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert not (run_dir / "report").exists()
+    types = {
+        "run_id": str,
+        "job": str,
+        "backend": str,
+        "state": str,
+        "run_dir": str,
+        "created_at": float,
+        "spec": dict,
+        "spec_yaml": str,
+        "metrics": list,
+        "exits": list,
+        "preemptions": int,
+        "machines": int,
+        "trainer_lines": list,
+        "startup": dict,
+        "timeline": dict,
+        "checkpoints": list,
+        "charts": list,
+        "warnings": list,
+        "generated_at": float,
+    }
+    assert {k: type(data[k]) for k in types} == types
+    assert data["cost"] is None and data["summary"] is None  # a local run; no summary.json
+    assert set(data["startup"]) >= {
+        "ready_s",
+        "image_pulled_s",
+        "job_started_s",
+        "framework_imported_s",
+        "first_step_s",
+    }
+    assert set(data["timeline"]) == {"origin", "attempts", "phases", "markers"}
+    assert all(set(p) == {"name", "attempt", "start_s", "seconds", "evidence"} for p in data["timeline"]["phases"])
+    assert [c["id"] for c in data["charts"]] == ["timeline", "loss"]
+    assert any("spec.yaml is corrupt" in w for w in data["warnings"])
