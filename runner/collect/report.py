@@ -295,7 +295,9 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
     if data["warnings"]:
         items = "".join(f"<li>{_e(w)}</li>" for w in data["warnings"])
         parts += ["<h2>Warnings</h2>", f'<ul class="warn">{items}</ul>']
-    payload = json.dumps({**data, "charts": [c.to_json() for c in charts]}, default=str).replace("</", "<\\/")
+    # Every "<" as \u003c (only strings hold one): neither "</script>" nor "<!--" in a log line or a metric name
+    # can end or bend the data block. Still valid JSON.
+    payload = json.dumps({**data, "charts": [c.to_json() for c in charts]}, default=str).replace("<", "\\u003c")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n"

@@ -143,6 +143,8 @@ def damaged_run_dir(tmp_path: Path) -> Path:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 3, "lo')
     (run_dir / "spec.yaml").write_text(": : [")
     (run_dir / "checkpoints" / "latest.json").write_text("not json")
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "worker-0.log").write_text("[trainer] </script><script>alert(1)</script> <!-- x\n")
     (run_dir / "run.json").write_text(json.dumps({"run_id": "r-1", "job": "j", "backend": "local", "created_at": t0}))
     return run_dir
 
@@ -167,6 +169,8 @@ def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Pa
     assert charts["loss"] == {"loss": 2}  # the torn third line is not a point
     assert len(report.data["timeline"]["markers"]) == 1 and charts["timeline"]["markers"] == 0  # listed, not drawn
     assert "<script>" not in page  # the only script is the data block, which never runs
+    block = page.split('<script type="application/json" id="report-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(block)["trainer_lines"] == ["[trainer] </script><script>alert(1)</script> <!-- x"]
 
 
 def test_report_json_shape_of_a_run_directory(tmp_path: Path) -> None:
