@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 include mk/image.mk
 
-.PHONY: help install data local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
+.PHONY: help install data browser local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
 
 help:  ## show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,10 +31,17 @@ install: $(STAMP)  ## create .venv and install the runner, TensorFlow and the te
 data: $(STAMP)  ## fetch real MNIST into the data cache (once)
 	$(PY) -m runner.datasets fetch
 
+# The report's browser test opens the page in headless Chromium (Debian's package). Installed once, as root or
+# through sudo; where neither can install it, the test fails in CI (CI=true) and is skipped elsewhere, naming why.
+browser:  ## install Chromium (Debian's package) for the report's browser test, if missing
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends chromium; }
+
 local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
 	$(RUNNER) submit $(JOB) --local
 
-test: data lint  ## lint, then the whole test suite
+test: data lint browser  ## lint, then the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones

@@ -16,6 +16,7 @@ and two writers would overwrite each other:
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
     exit/worker-N.json       terminal state and exit code of worker N               worker N
+    report/index.html        the run's report page (a gs:// run directory's copy)   `runner report`
 
 This module has no dependencies so both sides (and user code) can import it cheaply.
 """
@@ -68,6 +69,7 @@ LATEST_CHECKPOINT = "checkpoints/latest.json"
 TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 EXIT_DIR = "exit"
+REPORT_DIR = "report"
 
 
 def events_key(source: str) -> str:

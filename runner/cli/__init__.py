@@ -4,6 +4,7 @@
     runner.cli.specs      validate, schema
     runner.cli.submit     submit (and the dry run)
     runner.cli.runs       status, logs, list
+    runner.cli.report     report
     runner.cli.teardown   down, gc
     runner.cli.tools      build, bench
     runner.cli.output     how everything is printed (no typer)

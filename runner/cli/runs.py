@@ -21,6 +21,7 @@ def status(
     """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
     import json
 
+    from runner.collect.facts import gather
     from runner.collect.summary import failure_tail, one_line, progress_text, summary_rows
     from runner.storage import open_storage
     from runner.watch.events import read_events
@@ -33,6 +34,8 @@ def status(
     warnings = list(snapshot.problems)
     events = read_events(storage, warnings)
     state = current_state(without_bad_handle(record, warnings), snapshot)
+    facts = gather(record, storage, snapshot=snapshot, events=events)  # cost and startup: the events say both
+    warnings += facts.warnings
     if as_json:
         echo(
             json.dumps(
@@ -45,6 +48,8 @@ def status(
                     "summary": snapshot.summary.to_json() if snapshot.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
+                    "cost": facts.cost.to_json() if facts.cost is not None else None,
+                    "startup": facts.startup.to_json(),
                     "warnings": warnings,
                 },
                 default=str,
@@ -66,6 +71,7 @@ def status(
         rows.append(
             ("last event", f"{one_line(last.event, 60)} ({one_line(last.source, 40)}, {when(last.time, '%H:%M:%S')})")
         )
+    rows += facts.rows()
     print_rows(rows, title=f"Run {record.run_id}")
     print_rows(summary_rows(record.run_dir, state, snapshot))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
@@ -120,26 +126,30 @@ def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this 
     from rich.table import Table
 
     from runner.backends import backend_named
+    from runner.collect.facts import gather
     from runner.errors import RunnerError
     from runner.storage import open_storage
     from runner.watch import runs
     from runner.watch.lookup import current_state, without_bad_handle
     from runner.watch.rundir import read_snapshot
 
-    table = Table("run", "job", "backend", "state", "created", "test acc.", box=None, pad_edge=False)
+    table = Table("run", "job", "backend", "state", "created", "test acc.", "cost", box=None, pad_edge=False)
     warnings: list[str] = []
     found = runs.list_records(warnings)[:limit]
     backends: dict[str, Backend] = {}
     for record in found:
         try:
-            snapshot = read_snapshot(open_storage(record.run_dir), with_metrics=False)
+            storage = open_storage(record.run_dir)
+            snapshot = read_snapshot(storage, with_metrics=False)
             if record.backend not in backends:
                 backends[record.backend] = backend_named(record.backend, say)
             state = str(current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend]))
             accuracy = snapshot.summary.test_accuracy if snapshot.summary else None
-            warnings += [f"{record.run_id}: {problem}" for problem in snapshot.problems]
+            facts = gather(record, storage, snapshot=snapshot)
+            cost = facts.cost_cell()
+            warnings += [f"{record.run_id}: {problem}" for problem in [*snapshot.problems, *facts.warnings]]
         except Exception as exc:  # one unreachable run directory must not hide the others
-            state, accuracy = "?", None
+            state, accuracy, cost = "?", None, "?"
             reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
             warnings.append(f"{record.run_id}: {reason}")
         table.add_row(
@@ -149,6 +159,7 @@ def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this 
             state,
             when(record.created_at, "%Y-%m-%d %H:%M"),
             f"{accuracy:.4f}" if accuracy is not None else "-",
+            cost,
         )
     if found:
         console().print(table)

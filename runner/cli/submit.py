@@ -37,6 +37,14 @@ def submit(
     process: Annotated[
         bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
     ] = False,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            help="The most the run may cost in US dollars (50 or '$50'), like `budget:` in the spec: a max_runtime "
+            "that could cost more is refused, a default one is cut to what the budget buys.",
+        ),
+    ] = None,
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
@@ -44,7 +52,8 @@ def submit(
     from runner.timings import Timings
 
     timings = Timings.from_env()
-    spec = load_spec(spec_path, set_values)
+    # --budget is an override like any --set: validated (and located) like the file's own `budget:`.
+    spec = load_spec(spec_path, [*set_values, *([f"budget={budget}"] if budget is not None else [])])
     what = (
         f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
         f"{spec.training.batch_size}"
@@ -71,6 +80,9 @@ def submit(
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
+    from runner.plan.budget import plan_rows
+
+    rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
     warnings = plan.cloud.warnings if plan.cloud is not None else ()
     rows += [("warning", text) for text in warnings]
     if dry_run:
@@ -110,6 +122,7 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     rows = summary_rows(record.run_dir, state, snapshot)
     if record.reason:
         rows.insert(1, ("reason", record.reason))
+    rows += end_rows(record, state, snapshot)
     print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
@@ -121,3 +134,25 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
+
+
+def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The cost, the startup breakdown and the report's path, read back from the run directory. The run has ended
+    whatever happens here: a report that cannot be written is a row that says why, never a changed exit code."""
+    from runner.collect.facts import gather
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+
+    try:
+        facts = gather(record, open_storage(record.run_dir), snapshot=snapshot)
+    except RunnerError as exc:
+        return [("cost", f"unknown: {exc.message}")]
+    rows = facts.rows()
+    try:
+        from runner.collect.report import make_report
+
+        page = make_report(record, state, snapshot=snapshot)
+        rows.append(("report", str(page.path) + (f"  (and {page.uploaded})" if page.uploaded else "")))
+    except RunnerError as exc:
+        rows.append(("report", f"not written: {exc.message}  (`runner report {record.run_id}` tries again)"))
+    return rows

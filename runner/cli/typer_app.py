@@ -1,6 +1,6 @@
 """The typer application: the command tree, and the one place RunnerError (runner.errors) becomes one message with
-its hint and exit code. The commands (runner.cli.specs, submit, runs, teardown, tools) register on `app`; their
-modules import only typer and the standard library at module level."""
+its hint and exit code. The commands (runner.cli.specs, submit, runs, report, teardown, tools) register on `app`;
+their modules import only typer and the standard library at module level."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from runner.cli.output import report
+from runner.cli.output import report as report_error
 
 
 class _RunnerGroup(TyperGroup):
@@ -23,7 +23,7 @@ class _RunnerGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except RunnerError as exc:
-            report(exc)
+            report_error(exc)
             if os.environ.get("RUNNER_DEBUG"):
                 raise
             ctx.exit(exc.exit_code)
@@ -75,5 +75,5 @@ def _root(
 # The commands register themselves on `app` (typer and the standard library only at their module level), in the
 # order `runner --help` lists them.
 # isort: off
-from runner.cli import specs, submit, runs, teardown, tools  # noqa: E402, F401
+from runner.cli import specs, submit, runs, report, teardown, tools  # noqa: E402, F401
 # isort: on

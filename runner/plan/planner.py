@@ -16,6 +16,7 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch.imageref import ImageRef
 from runner.plan import catalog, compat
+from runner.plan.budget import RuntimeLimit, limited, runtime_limit
 from runner.spec import JobSpec, check_storage
 
 RUNS_DIR = "runs"
@@ -51,6 +52,7 @@ class Plan:
     num_workers: int = 1
     attach: bool = False  # the machine exists already (accelerator.node): never deleted
     cloud: CloudTarget | None = None
+    limit: RuntimeLimit | None = None  # how long it may run and why (max_runtime, or what the budget buys)
     # Unique to this submit, labelled on what it creates: two runs that end up with the same node name (a retried
     # create, a collision) can tell their own node from the other's.
     nonce: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -126,7 +128,8 @@ def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = No
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
-    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline)
+    limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
+    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline, limit=limit)
 
 
 def check_image_for_cloud(image: str) -> None:
@@ -213,6 +216,9 @@ def plan_cloud(
         if "\n" in value or "\0" in value:
             raise PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")
     target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
+    # The budget, where it is earlier, is the run's max_runtime from here on: deadline, VM watchdog, job safety net.
+    limit = runtime_limit(spec, target.price_per_hour)
+    spec = limited(spec, limit)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
@@ -237,5 +243,6 @@ def plan_cloud(
         num_workers=workers,
         attach=target.attach_node is not None,
         cloud=target,
+        limit=limit,
         **({"nonce": nonce} if nonce else {}),
     )

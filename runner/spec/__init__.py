@@ -308,6 +308,28 @@ class JobSpec(_Model):
     )
     teardown: TeardownSpec = Field(default_factory=TeardownSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
+    budget: float | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description="The most the run may cost on Cloud TPU, in US dollars at the catalog's list prices (50 or "
+        "'$50'). A teardown.max_runtime that could cost more is refused at plan time; left at its default, "
+        "max_runtime is cut to what the budget buys. Not applied to local runs.",
+    )
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _dollars(cls, value: Any) -> Any:
+        """'$50', '50 USD' and '1,000' read as numbers; anything else is left for pydantic to refuse."""
+        if isinstance(value, bool):  # YAML's `yes`: never an amount
+            raise ValueError("budget is an amount of US dollars, like 50 or '$50'")
+        if isinstance(value, str):
+            text = value.strip().removeprefix("$").removesuffix("USD").replace(",", "").strip()
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an amount of US dollars; write it like 50 or '$50'") from None
+        return value
 
     @field_validator("command", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from runner import contract
 from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser
+from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.strategy import tpu_present
 from runner.watch.rundir import Summary
 
@@ -148,9 +149,11 @@ def _position(resumed: Candidate | None, model: Any, steps: int, order: DataOrde
     return epochs_done, step, global_step
 
 
-def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None) -> Prepared:
+def prepare(
+    cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None, milestones: Milestones | None = None
+) -> Prepared:
     """Everything before the first epoch. `jit_compile` overrides the device's choice (perf.py), for `runner bench`
-    to measure the alternative on the device at hand."""
+    to measure the alternative on the device at hand. `milestones` records the start-up's (the trainer's own run)."""
     t_start = time.time()
     # Which checkpoint to resume from decides which Keras to import: choose before TensorFlow is imported.
     chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
@@ -159,6 +162,8 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
     env = perf.process_environment()
     import tensorflow as tf
 
+    if milestones is not None:
+        milestones.emit(FRAMEWORK_IMPORTED, framework="tensorflow", version=tf.__version__)
     threads = perf.configure_threads(tf)
     from runner.train.callbacks import Cursor
     from runner.train.data import TrainData, eval_dataset, find_mnist, limit
@@ -167,6 +172,8 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | Non
 
     keras = tf.keras
     resolved = resolve_strategy(ctx.strategy_hint, ctx.tpu_name)
+    if milestones is not None:
+        milestones.emit(DEVICE_FOUND, strategy=resolved.describe())
     _say(f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {keras_version()}")
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
@@ -368,8 +375,10 @@ def finish(run: Prepared) -> dict[str, Any]:
 def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     from runner.train.callbacks import TrainingInterrupted
 
-    run = prepare(cfg, ctx)
+    milestones = Milestones(ctx)
+    run = prepare(cfg, ctx, milestones=milestones)
     callbacks, stop = make_callbacks(run)
+    callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
     if stop.signum is not None:

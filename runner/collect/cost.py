@@ -1,0 +1,225 @@
+"""What a run cost on Cloud TPU, from its events. A node bills while it is READY, idle or not.
+
+Each node a run created (or attached to) is one billable span, per attempt: a preempted node and the node that
+replaced it are two spans. A span starts at the runner's `provisioned` event (the API said READY; the runner polls,
+so READY may have come a poll earlier) and ends at the first of
+
+    preempted                               the runner found it PREEMPTED or gone: a preempted node bills no more
+    teardown_requested, delete_requested,   someone asked for its deletion (the runner, its own startup script,
+    down_requested                          `runner down`): the node leaves READY for DELETING
+
+and its deletion is `confirmed` when a teardown_done / down_done with confirmed true follows. A node the run kept
+(teardown_skipped: teardown.policy) or one the events never show going is counted up to `now` and marked open:
+as far as the run directory says, it still bills. A node preempted while it booted was never READY: no span.
+
+cost = chips x hours x the catalog's list price per chip-hour (Spot or on-demand; a reservation is billed on its own
+terms, so its figure is the on-demand list price, and says so). Pure: events in, numbers out; no clock read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runner.plan.budget import duration, money
+from runner.watch.events import Event
+
+_CLOSE_REQUEST = ("teardown_requested", "delete_requested", "down_requested")
+_CONFIRM = ("teardown_done", "down_done")
+
+
+@dataclass(frozen=True)
+class Price:
+    """The list price of one accelerator type, as the catalog has it."""
+
+    accelerator: str
+    chips: int
+    spot: bool
+    reserved: bool
+    per_chip_hour: float  # USD
+    read_on: str = ""
+
+    @property
+    def per_hour(self) -> float:
+        return self.chips * self.per_chip_hour
+
+    @property
+    def kind(self) -> str:
+        return "Spot" if self.spot else "reserved (on-demand list price)" if self.reserved else "on-demand"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accelerator": self.accelerator,
+            "chips": self.chips,
+            "spot": self.spot,
+            "reserved": self.reserved,
+            "usd_per_chip_hour": self.per_chip_hour,
+            "usd_per_hour": round(self.per_hour, 4),
+            "prices_read_on": self.read_on,
+        }
+
+
+def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False) -> Price | None:
+    """The catalog's price of a type, or None for a type it does not know (a run directory from elsewhere)."""
+    from runner.plan import catalog
+
+    try:
+        accel = catalog.accelerator(accelerator_type)
+    except catalog.CatalogError:
+        return None
+    g = accel.generation
+    return Price(
+        accelerator=accel.name,
+        chips=accel.chips,
+        spot=spot,
+        reserved=reserved,
+        per_chip_hour=g.spot_price if spot else g.on_demand_price,
+        read_on=catalog.prices_info()["read_on"],
+    )
+
+
+@dataclass(frozen=True)
+class Span:
+    """One node, READY from `start` to `end` (seconds since the epoch)."""
+
+    node: str
+    start: float
+    end: float
+    ended_by: str  # preempted | delete requested | kept (teardown.policy) | still READY
+    confirmed: bool = False  # its deletion was confirmed (the node is gone)
+    open: bool = False  # no end in the events: counted up to `now`
+    attached: bool = False  # an existing node: it bills before and after this run too
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "ready_at": self.start,
+            "until": self.end,
+            "seconds": round(self.seconds, 3),
+            "ended_by": self.ended_by,
+            "deletion_confirmed": self.confirmed,
+            "open": self.open,
+            "attached": self.attached,
+        }
+
+
+def _node_name(event: Event) -> str:
+    handle = event.fields.get("handle")
+    if isinstance(handle, dict):
+        name = handle.get("node_id") or handle.get("container_name") or handle.get("pid")
+        if name is not None:
+            return str(name)
+    return "?"
+
+
+def _attached(event: Event) -> bool:
+    handle = event.fields.get("handle")
+    return isinstance(handle, dict) and handle.get("created") is False
+
+
+def node_spans(events: Sequence[Event], *, now: float) -> list[Span]:
+    """Every READY span in time order. `events` may come in any order; the runner's, the startup scripts' and
+    `runner down`'s all count."""
+    spans: list[Span] = []
+    current: Event | None = None  # the provisioned event of the node READY now
+    ended: Span | None = None  # the span just closed by a request, waiting for its confirmation
+    kept = False
+    for event in sorted(events, key=lambda e: e.time):
+        kind = event.event
+        if kind == "provisioned" and event.source == "runner":
+            if current is not None:  # a new node with no end seen for the last: it went when this one came
+                node, attached = _node_name(current), _attached(current)
+                spans.append(Span(node, current.time, event.time, "replaced", attached=attached))
+            current, ended, kept = event, None, False
+        elif current is not None and kind == "preempted" and event.source == "runner":
+            spans.append(Span(_node_name(current), current.time, event.time, "preempted", attached=_attached(current)))
+            current, ended = None, None
+        elif current is not None and kind in _CLOSE_REQUEST:
+            ended = Span(_node_name(current), current.time, event.time, "delete requested", attached=_attached(current))
+            if _attached(current):  # the runner stopped its job; the node was never this run's to delete
+                ended = Span(_node_name(current), current.time, event.time, "job stopped", attached=True)
+            spans.append(ended)
+            current = None
+        elif current is not None and kind == "teardown_skipped":
+            kept = True
+        elif ended is not None and kind in _CONFIRM and event.fields.get("confirmed") is True:
+            spans[-1] = Span(ended.node, ended.start, ended.end, "deleted", True, attached=ended.attached)
+            ended = None
+    if current is not None:
+        end = max(now, current.time)
+        spans.append(
+            Span(
+                _node_name(current),
+                current.time,
+                end,
+                "kept (teardown.policy)" if kept else "still READY",
+                open=True,
+                attached=_attached(current),
+            )
+        )
+    return spans
+
+
+@dataclass(frozen=True)
+class RunCost:
+    price: Price
+    spans: tuple[Span, ...]
+    preemptions: int
+    budget: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.spans)
+
+    @property
+    def chip_hours(self) -> float:
+        return self.price.chips * self.seconds / 3600
+
+    @property
+    def usd(self) -> float:
+        return self.chip_hours * self.price.per_chip_hour
+
+    @property
+    def open(self) -> bool:
+        return any(s.open for s in self.spans)
+
+    def text(self) -> str:
+        """One line: the figure, and how it was reached."""
+        nodes = len(self.spans)
+        what = (
+            f"{self.price.accelerator} {self.price.kind}, {money(self.price.per_hour)}/h x "
+            f"{duration(self.seconds)} READY on {nodes} node{'s' if nodes != 1 else ''}"
+        )
+        if self.preemptions:
+            what += f", {self.preemptions} preemption{'s' if self.preemptions != 1 else ''}"
+        parts = [f"{money(self.usd)}{' so far' if self.open else ''}  ({what})"]
+        if self.budget is not None:
+            parts.append(f"of budget {money(self.budget)}")
+        if any(s.ended_by.startswith("kept") for s in self.spans):
+            parts.append("a node was kept (teardown.policy): it bills until deleted")
+        if any(s.attached for s in self.spans):
+            parts.append("attached node: billed outside this run too")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "usd": round(self.usd, 6),
+            "chip_hours": round(self.chip_hours, 6),
+            "ready_seconds": round(self.seconds, 3),
+            "open": self.open,
+            "preemptions": self.preemptions,
+            "budget_usd": self.budget,
+            "price": self.price.to_json(),
+            "nodes": [s.to_json() for s in self.spans],
+        }
+
+
+def run_cost(events: Sequence[Event], price: Price, *, now: float, budget: float | None = None) -> RunCost:
+    """What the run cost: every node's READY seconds x the price."""
+    preemptions = sum(1 for e in events if e.event == "preempted" and e.source == "runner")
+    return RunCost(price, tuple(node_spans(events, now=now)), preemptions, budget)
