@@ -1,23 +1,33 @@
 """What pip installs into the trainer image, per variant, derived from pyproject.toml (the one source of versions).
 
-    python docker/requirements.py requirements --variant tpu --out DIR   # DIR/requirements.txt, DIR/no-deps.txt
-    python docker/requirements.py check --no-deps DIR/no-deps.txt        # pip check, after the install
+    python docker/requirements.py requirements --variant tpu --out DIR   # DIR/requirements.txt, no-deps.txt,
+                                                                         # constraints.txt (this variant's pins)
+    python docker/requirements.py check --no-deps DIR/no-deps.txt --constraints DIR/constraints.txt   # after
     python docker/requirements.py lock                                   # rewrite docker/constraints.txt
 
 The image gets the runner's runtime dependencies and its `train` extra, with one change per variant:
 
-    cpu   tensorflow-cpu==X               the same TensorFlow without the CUDA kernels: 259 MB of wheel, not 621
-    gpu   tensorflow[and-cuda]==X         as pyproject.toml says, with NVIDIA's CUDA/cuDNN wheels (host: driver only)
-    tpu   tensorflow-tpu==X + libtpu      Cloud TPU's TensorFlow build, installed with the libtpu-tf-releases
-                                          find-links as the Cloud TPU docs do; libtpu pinned (see LIBTPU below)
+    cpu      tensorflow-cpu==X              the same TensorFlow without the CUDA kernels: 259 MB of wheel, not 621
+    gpu      tensorflow[and-cuda]==X        as pyproject.toml says, with NVIDIA's CUDA/cuDNN wheels (host: driver)
+    tpu      tensorflow-tpu==X + libtpu     Cloud TPU's TensorFlow build, installed with the libtpu-tf-releases
+                                            find-links as the Cloud TPU docs do; libtpu pinned (see LIBTPU below)
+    jax-tpu  jax[tpu], no TensorFlow        JAX with the libtpu its release pins, jax-releases find-links
+    jax-gpu  jax[cuda12], no TensorFlow     JAX with NVIDIA's CUDA 12 wheels (host: driver >= 525.60.13)
+
+The TensorFlow variants leave out the extra's jax[cpu]; the JAX variants leave out tensorflow and tf-keras, and keep
+Keras 3, numpy, matplotlib and the control plane's packages (google-cloud-storage for the mirror, pydantic, ...).
 
 tf-keras requires the package `tensorflow`, which would install the full build over tensorflow-cpu or
 tensorflow-tpu (all ship the `tensorflow` module); on those variants it is installed with --no-deps, and `check`
 runs `pip check` allowing exactly that one missing requirement.
 
 `lock` resolves every variant on this machine (Linux x86_64, the image's Python minor version) and writes the exact
-versions of everything pip chose into docker/constraints.txt, which the image build applies: the same pyproject.toml
-gives the same packages on every machine and every day. Standard library and pip only: it runs inside the image.
+set of packages each one installs into docker/constraints.txt: lines before the first `# [...]` header are installed
+by every variant, a header names the variants that install the lines under it. `requirements` hands the build its
+variant's lines, which the image applies with pip --constraint, and `check` verifies after the install that the
+image holds exactly those versions and nothing unlocked (so "no TensorFlow in the JAX images" holds in the image,
+not only in the lock). The same pyproject.toml gives the same packages on every machine and every day.
+Standard library and pip only: it runs inside the image.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 try:
@@ -35,12 +46,21 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the copy pip vendors
     from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
 
-VARIANTS = ("cpu", "gpu", "tpu")
+VARIANTS = ("cpu", "gpu", "tpu", "jax-tpu", "jax-gpu")
+TENSORFLOW_VARIANTS = ("cpu", "gpu", "tpu")
+JAX_EXTRA = {"jax-tpu": "tpu", "jax-gpu": "cuda12"}  # jax[cuda12]: the CUDA the TensorFlow gpu image has too
+TENSORFLOW_ONLY = ("tensorflow", "tf-keras")  # train-extra entries the JAX variants leave out
 # tensorflow-tpu 2.20.0 declares libtpu~=0.0.14; left open, pip takes the newest 0.0.x on PyPI, a build made for
-# JAX months later. The floor of that range is the build the wheel was made against.
+# JAX months later. The floor of that range is the build the wheel was made against. (jax[tpu] pins its own.)
 LIBTPU = "0.0.14"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+# JAX's install docs for Cloud TPU: `pip install jax[tpu] -f .../libtpu_releases.html`. libtpu is on PyPI now too
+# (the lock resolves from there), but PyPI drops old releases; this index keeps every libtpu.
+JAX_LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
+# Installed by the base image, not by the lock: allowed in the image at whatever version it brings.
+BASE_PACKAGES = ("pip", "setuptools", "wheel")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
+_SECTION = re.compile(r"^#\s*\[([a-z0-9 -]+)\]\s*$")
 HERE = Path(__file__).resolve().parent
 
 
@@ -64,7 +84,16 @@ def requirements(pyproject: Path, variant: str, libtpu: str = LIBTPU) -> tuple[l
     no_deps: list[str] = []
     for req in project["optional-dependencies"]["train"]:
         name, rest = _split(req)
-        if name == "tensorflow" and variant == "cpu":
+        if variant in JAX_EXTRA:
+            if name in TENSORFLOW_ONLY:
+                continue
+            if name == "jax":
+                if variant == "jax-tpu":
+                    lines.append(f"--find-links {JAX_LIBTPU_FIND_LINKS}")
+                req = f"jax[{JAX_EXTRA[variant]}]{rest}"
+        elif name == "jax":
+            continue  # the TensorFlow images stay TensorFlow's
+        elif name == "tensorflow" and variant == "cpu":
             req = f"tensorflow-cpu{rest}"
         elif name == "tensorflow" and variant == "gpu":
             req = f"tensorflow[and-cuda]{rest}"
@@ -78,22 +107,47 @@ def requirements(pyproject: Path, variant: str, libtpu: str = LIBTPU) -> tuple[l
     return lines, no_deps
 
 
-def write(out: Path, pyproject: Path, variant: str, libtpu: str) -> None:
+def constraints(text: str, variant: str) -> list[str]:
+    """The lines of a lock (docker/constraints.txt) that `variant` installs: name==version, sorted by name."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
+    found, applies = [], True
+    for raw in text.splitlines():
+        line = raw.strip()
+        if section := _SECTION.match(line):
+            applies = variant in section.group(1).split()
+        elif line and not line.startswith("#") and applies:
+            found.append(line)
+    return sorted(found, key=lambda line: _split(line)[0])
+
+
+def pins(lines: list[str]) -> dict[str, str]:
+    """{canonical name: version} of name==version lines."""
+    return {_split(line)[0]: line.split("==", 1)[1].strip() for line in lines}
+
+
+def write(out: Path, pyproject: Path, variant: str, libtpu: str, lock: Path) -> None:
     reqs, no_deps = requirements(pyproject, variant, libtpu)
+    pinned = constraints(lock.read_text(), variant)
+    if variant == "tpu":  # --build-arg LIBTPU_VERSION=... replaces the locked libtpu (it has no dependencies)
+        pinned = [line if _split(line)[0] != "libtpu" else f"libtpu=={libtpu}" for line in pinned]
     out.mkdir(parents=True, exist_ok=True)
     (out / "requirements.txt").write_text("\n".join(reqs) + "\n")
     (out / "no-deps.txt").write_text("".join(f"{line}\n" for line in no_deps))
+    (out / "constraints.txt").write_text("".join(f"{line}\n" for line in pinned))
 
 
-def _resolve(lines: list[str], constraints: list[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
+def _resolve(
+    lines: list[str], constraints: list[str], *, no_deps: bool = False
+) -> tuple[dict[str, str], dict[str, list[str]]]:
     """pip's choice for `lines` under `constraints`: {name: version} and {name: Requires-Dist lines}."""
     with tempfile.TemporaryDirectory() as tmp:
         req, con = Path(tmp, "req.txt"), Path(tmp, "con.txt")
         req.write_text("\n".join(lines) + "\n")
         con.write_text("\n".join(constraints) + "\n")
-        # Short timeouts: an unreachable find-links host (libtpu-tf-releases offline) costs seconds, not minutes.
+        # Short timeouts: an unreachable find-links host (Google's buckets offline) costs seconds, not minutes.
         argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
-        argv += ["--timeout", "30", "--retries", "1"]
+        argv += ["--timeout", "30", "--retries", "1"] + (["--no-deps"] if no_deps else [])
         argv += ["--report", "-", "-r", str(req), "-c", str(con)]
         report = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
     dists = [item["metadata"] for item in report["install"]]
@@ -116,30 +170,68 @@ def floors(requires: list[str], extra: str) -> list[str]:
     return pins
 
 
+def own_runtime(name: str) -> bool:
+    """An accelerator runtime: each variant resolves its own (tensorflow-tpu's libtpu is not jax[tpu]'s, and
+    TensorFlow's CUDA is not the one JAX asks for); everything else is shared across variants."""
+    return name == "libtpu" or name.startswith(("nvidia-", "jax-cuda"))
+
+
 def lock(pyproject: Path, target: Path) -> None:
-    """Resolve cpu first, then gpu and tpu under its pins, so all variants share one set of versions. The CUDA
-    wheels are pinned to the lower bounds of TensorFlow's `and-cuda` extra (the CUDA/cuDNN it was built with), as
-    libtpu is to the floor tensorflow-tpu declares, instead of whatever is newest on the day of the lock."""
-    pins: dict[str, str] = {}
-    requires: dict[str, list[str]] = {}
+    """Resolve every variant in VARIANTS order, each under the versions the earlier ones chose, so all variants
+    share one set of versions (numpy, Keras, google-cloud-storage, ...) except their accelerator runtimes. The
+    gpu variant's CUDA wheels are pinned to the lower bounds of TensorFlow's `and-cuda` extra (the CUDA/cuDNN it
+    was built with), as libtpu is to the floor tensorflow-tpu declares, instead of whatever is newest on the day of
+    the lock; jax-tpu gets the libtpu its jax pins, jax-gpu the CUDA 12 wheels pip chooses for jax[cuda12] (JAX
+    checks at start-up that they are new enough)."""
+    shared: dict[str, str] = {}
+    installs: dict[str, dict[str, str]] = {}
+    tensorflow_requires: list[str] = []
     for variant in VARIANTS:
-        reqs, _ = requirements(pyproject, variant)  # the no-deps lines (tf-keras) are pinned by cpu
-        constraints = [f"{k}=={v}" for k, v in pins.items()]
+        reqs, no_deps = requirements(pyproject, variant)
+        pinned = [f"{k}=={v}" for k, v in sorted(shared.items())]
         if variant == "gpu":  # tensorflow-cpu, resolved first, carries the same Requires-Dist as tensorflow
-            constraints += floors(requires["tensorflow-cpu"], "and-cuda")
-        resolved, requires = _resolve(reqs, constraints)
-        pins.update(resolved)
+            pinned += floors(tensorflow_requires, "and-cuda")
+        resolved, requires = _resolve(reqs, pinned)
+        if no_deps:
+            extra, _ = _resolve(no_deps, pinned, no_deps=True)
+            resolved.update(extra)
+        if variant == "cpu":
+            tensorflow_requires = requires["tensorflow-cpu"]
+        installs[variant] = resolved
+        shared.update({k: v for k, v in resolved.items() if not own_runtime(k)})
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     header = (
-        "# Exact versions for the trainer image, all variants (cpu, gpu, tpu); applied with pip --constraint.\n"
+        f"# Exact versions for the trainer image, per variant ({', '.join(VARIANTS)}): what each one installs.\n"
         f"# Generated by `python docker/requirements.py lock` (`make image-lock`) on Linux x86_64, Python {py}.\n"
         "# Regenerate after changing dependencies in pyproject.toml; do not edit by hand.\n"
+        "# Lines before the first [section] are installed by every variant; a section names the variants that\n"
+        "# install the lines under it. The image build applies its variant's lines with pip --constraint.\n"
     )
-    target.write_text(header + "".join(f"{name}=={pins[name]}\n" for name in sorted(pins)))
+    target.write_text(header + render(installs))
 
 
-def check(no_deps: Path) -> int:
-    """`pip check`, allowing only what the --no-deps installs leave out on purpose (tf-keras -> tensorflow)."""
+def render(installs: dict[str, dict[str, str]]) -> str:
+    """The lock's body: each name==version under the set of variants that install it (none: every variant)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name in sorted({name for resolved in installs.values() for name in resolved}):
+        by_version: dict[str, list[str]] = {}
+        for variant in VARIANTS:
+            if name in installs.get(variant, {}):
+                by_version.setdefault(installs[variant][name], []).append(variant)
+        for version, variants in by_version.items():
+            key = () if tuple(variants) == VARIANTS else tuple(variants)
+            groups.setdefault(key, []).append(f"{name}=={version}")
+    order = sorted(groups, key=lambda k: (k != (), min(map(VARIANTS.index, k), default=0), -len(k), k))
+    text = ""
+    for key in order:
+        text += f"\n# [{' '.join(key)}]\n" if key else ""
+        text += "".join(f"{line}\n" for line in groups[key])
+    return text
+
+
+def check(no_deps: Path, lock: Path | None = None) -> int:
+    """After the install: `pip check`, allowing only what the --no-deps installs leave out on purpose (tf-keras ->
+    tensorflow); and, given the variant's lock lines, exactly those versions installed and nothing unlocked."""
     names = {_split(line)[0] for line in no_deps.read_text().splitlines() if line.strip()}
     result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
     allowed = re.compile(r"^(\S+) \S+ requires tensorflow, which is not installed\.$")
@@ -150,28 +242,39 @@ def check(no_deps: Path) -> int:
         and not ((m := allowed.match(line)) and _canonical(m.group(1)) in names)
         and not line.startswith("No broken requirements")
     ]
-    print("\n".join(problems) or "pip check: no broken requirements (tf-keras installed without its tensorflow pin)")
+    if lock is not None:
+        locked = pins([line for line in lock.read_text().splitlines() if line.strip()])
+        installed = {_canonical(d.name): d.version for d in metadata.distributions() if d.name}
+        for name, version in sorted(locked.items()):
+            if installed.get(name) != version:
+                problems.append(f"{name}: locked {version}, installed {installed.get(name, 'nothing')}")
+        for name in sorted(set(installed) - set(locked) - set(BASE_PACKAGES)):
+            problems.append(f"{name} {installed[name]} is installed but not in the lock (`make image-lock`)")
+    ok = "pip check: no broken requirements" + (f" ({', '.join(sorted(names))} without dependencies)" if names else "")
+    print("\n".join(problems) or ok + ("; exactly the locked versions installed" if lock else ""))
     return 1 if problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    req = sub.add_parser("requirements", help="write requirements.txt and no-deps.txt for one variant")
+    req = sub.add_parser("requirements", help="write requirements.txt, no-deps.txt and constraints.txt")
     req.add_argument("--variant", choices=VARIANTS, required=True)
-    req.add_argument("--libtpu", default=LIBTPU)
+    req.add_argument("--libtpu", default=LIBTPU, help="tensorflow-tpu's libtpu (tpu variant only)")
     req.add_argument("--pyproject", type=Path, default=HERE.parent / "pyproject.toml")
+    req.add_argument("--constraints", type=Path, default=HERE / "constraints.txt", help="the lock")
     req.add_argument("--out", type=Path, required=True)
     lk = sub.add_parser("lock", help="resolve every variant and rewrite docker/constraints.txt")
     lk.add_argument("--pyproject", type=Path, default=HERE.parent / "pyproject.toml")
     lk.add_argument("--target", type=Path, default=HERE / "constraints.txt")
-    ck = sub.add_parser("check", help="pip check, allowing what the no-deps installs leave out")
+    ck = sub.add_parser("check", help="pip check (allowing what no-deps leaves out), and the locked versions")
     ck.add_argument("--no-deps", type=Path, required=True)
+    ck.add_argument("--constraints", type=Path, help="the variant's lock lines (requirements' constraints.txt)")
     args = parser.parse_args(argv)
     if args.command == "requirements":
-        write(args.out, args.pyproject, args.variant, args.libtpu or LIBTPU)
+        write(args.out, args.pyproject, args.variant, args.libtpu or LIBTPU, args.constraints)
     elif args.command == "check":
-        return check(args.no_deps)
+        return check(args.no_deps, args.constraints)
     else:
         lock(args.pyproject, args.target)
     return 0

@@ -11,7 +11,15 @@ from runner.cli.typer_app import app
 
 @app.command()
 def build(
-    variant: str = typer.Option("cpu", "--variant", help="cpu (local emulation), gpu, or tpu (Cloud TPU VMs)."),
+    variant: str | None = typer.Option(
+        None,
+        "--variant",
+        help="cpu (local emulation), gpu, tpu (TensorFlow), jax-tpu, jax-gpu (JAX). Default: from --spec, else cpu.",
+    ),
+    spec: str | None = typer.Option(
+        None, "--spec", help="Choose the variant for this job spec: its training.framework on --device."
+    ),
+    device: str = typer.Option("tpu", "--device", help="With --spec: tpu (a Cloud TPU VM), gpu or cpu (--local)."),
     project: str | None = typer.Option(
         None, "--project", help="Google Cloud project of the Artifact Registry repository."
     ),
@@ -24,6 +32,7 @@ def build(
     """Build the trainer image tagged by content, and push it; a tag that exists is never rebuilt or re-pushed."""
     from runner.launch import image
 
+    variant = _variant(variant, spec, device)
     args = image.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)
@@ -32,6 +41,28 @@ def build(
         return
     result = image.ensure_image(variant, project=project, region=region, repo=repo, push=push, build_args=args)
     echo(f"image: {result.reference}")
+
+
+def _variant(variant: str | None, spec_path: str | None, device: str) -> str:
+    """--variant as given, else the one the spec's training.framework needs on --device, else cpu."""
+    from runner.errors import UsageError
+    from runner.launch.variants import variant_for
+
+    if spec_path is None:
+        return variant or "cpu"
+    if variant is not None:
+        raise UsageError("give --variant or --spec, not both")
+    from runner.spec.loader import load_spec
+
+    job = load_spec(spec_path)
+    # A custom command brings its own engine: the spec does not say which, so it gets TensorFlow's, as by default.
+    framework = job.training.framework if job.training is not None else "tensorflow"
+    try:
+        chosen = variant_for(framework, device)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="--device tpu, gpu or cpu") from None
+    echo(f"variant: {chosen} (training.framework {framework} on {device})", err=True)  # stdout: the reference
+    return chosen
 
 
 app.command("bench")(bench)

@@ -34,11 +34,12 @@ from typing import Any
 from runner.backends.tpu_api import CLOUD_PLATFORM
 from runner.errors import BackendError, PlanError, UsageError
 from runner.launch.imageref import ImageRef
+from runner.launch.variants import BY_NAME, IMAGE_NAME, VARIANTS
 
-VARIANTS = ("cpu", "gpu", "tpu")
+# The variants and the training.framework each one runs (runner.launch.variants; the JAX ones hold no TensorFlow).
+FRAMEWORKS = {name: v.framework for name, v in BY_NAME.items()}
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the build context: a checkout of this repository
 DOCKERFILE = "docker/Dockerfile"
-IMAGE_NAME = "trainer"  # images are trainer-cpu, trainer-gpu, trainer-tpu
 TAG_SCHEME = "tpu-runner-image-tag/1"  # bump when the definition of the tag changes
 REGISTRY_ENDPOINT_ENV = "RUNNER_REGISTRY_ENDPOINT"  # tests: send registry requests to http://127.0.0.1:PORT instead
 MANIFEST_TYPES = ", ".join(
@@ -337,8 +338,9 @@ def require_in_registry(ref: str, **kwargs: object) -> str | None:
     if answer.exists is False:
         raise PlanError(
             f"image {ref} is not in the registry",
-            hint="build and push it first: `make push PROJECT=... REGION=... REPO=... VARIANT=tpu` "
-            "(it prints the reference to put in the spec)",
+            hint="build and push it first: `runner build --spec JOB.yaml --push --project ...` (or `make push "
+            "VARIANT=tpu PROJECT=...`, VARIANT=jax-tpu for training.framework: jax); it prints the reference to put "
+            "in the spec",
         )
     return None if answer.exists else f"could not check that {ref} exists: {answer.detail}"
 

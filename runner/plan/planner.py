@@ -14,6 +14,7 @@ from pathlib import Path
 
 from runner import contract, datasets
 from runner.errors import PlanError, UsageError
+from runner.launch import variants
 from runner.launch.imageref import ImageRef
 from runner.plan import catalog, compat
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
@@ -147,6 +148,23 @@ def check_image_for_cloud(image: str) -> None:
         raise PlanError(f"image {image!r}: {problem}")
 
 
+def check_image_variant(spec: JobSpec, device: str) -> None:
+    """An image `runner build` named (trainer-<variant>) must be the variant the job needs: a TensorFlow image
+    cannot run training.framework jax, nor a JAX image TensorFlow, and a CPU or GPU image on a TPU VM would fail
+    (or train on the CPU) only after the VM is paid for."""
+    framework = spec.training.framework if spec.training is not None else None
+    if problem := variants.mismatch(spec.image, framework, device):
+        choices = (
+            [variants.variant_for(framework, device)]
+            if framework
+            else [variants.variant_for(f, device) for f in ("tensorflow", "jax")]
+        )
+        make = " or ".join(f"`make push VARIANT={v} PROJECT=...`" for v in choices)
+        raise PlanError(
+            problem, hint=f"build and push the image with {make}, and put the reference it prints in `image:`"
+        )
+
+
 def resolve_cloud_target(
     spec: JobSpec, run_id: str, *, project: str | None, zone: str | None, environ: dict[str, str] | None = None
 ) -> CloudTarget:
@@ -212,6 +230,7 @@ def plan_cloud(
     run_id = new_run_id(spec.name, now, run_suffix)
     storage_url = resolve_storage(spec, storage, cloud=True)
     check_image_for_cloud(spec.image)
+    check_image_variant(spec, "tpu")
     for key, value in spec.env.items():
         if "\n" in value or "\0" in value:
             raise PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")

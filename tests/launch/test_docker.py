@@ -3,12 +3,15 @@ local process with the image's environment, and a real image build where a Docke
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from runner import contract
 from runner.backends import container
 from runner.launch import image
 from runner.spec import TrainingSpec
+from runner.storage import open_storage
 from tests.conftest import REPO
 from tests.dockerfile import image_config
 
@@ -80,56 +84,168 @@ def test_shellcheck_clean(script: Path) -> None:
 # -- what the Dockerfile declares ---------------------------------------------------------------------------------
 
 
-def test_every_variant_runs_the_supervisor_and_only_tpu_runs_as_root() -> None:
+TENSORFLOW_VARIANTS = [v for v, framework in image.FRAMEWORKS.items() if framework == "tensorflow"]
+JAX_VARIANTS = [v for v, framework in image.FRAMEWORKS.items() if framework == "jax"]
+# Distributions that make up TensorFlow in an image; a JAX image has none of them.
+TENSORFLOW_DISTS = {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-keras", "tensorboard", "libclang"}
+LOCK = REPO / "docker" / "constraints.txt"
+
+
+def locked(variant: str) -> dict[str, str]:
+    """{name: version} of everything `variant` installs, from docker/constraints.txt (what the image build applies)."""
+    return image_requirements.pins(image_requirements.constraints(LOCK.read_text(), variant))
+
+
+def test_the_variants_are_the_same_everywhere() -> None:
+    assert image.VARIANTS == image_requirements.VARIANTS == ("cpu", "gpu", "tpu", "jax-tpu", "jax-gpu")
+    assert TENSORFLOW_VARIANTS == list(image_requirements.TENSORFLOW_VARIANTS) == ["cpu", "gpu", "tpu"]
+    assert JAX_VARIANTS == list(image_requirements.JAX_EXTRA) == ["jax-tpu", "jax-gpu"]
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    for variant in image.VARIANTS:
+        assert f" AS variant-{variant}\n" in dockerfile
+
+
+def test_every_variant_runs_the_supervisor_and_only_the_tpu_ones_run_as_root() -> None:
     for variant in image.VARIANTS:
         config = image_config(variant)
         assert config.argv == container.ENTRYPOINT == ["python", "-m", "runner.worker"]
         assert config.env["PYTHONPATH"] == "/opt/app" and config.env["PYTHONUNBUFFERED"] == "1"
-    assert image_config("cpu").user == image_config("gpu").user == "1000:1000"
-    assert image_config("gpu").env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        # Keras' default backend is TensorFlow: the JAX images name theirs, the TensorFlow ones leave the default.
+        assert config.env.get("KERAS_BACKEND") == ("jax" if variant in JAX_VARIANTS else None)
+        # Set per run by the planner (pod slices, TensorFlow only), never baked into an image.
+        assert "TPU_LOAD_LIBRARY" not in config.env and "TF_USE_LEGACY_KERAS" not in config.env
+    for variant in ("cpu", "gpu", "jax-gpu"):
+        assert image_config(variant).user == "1000:1000"
+    for variant in ("gpu", "jax-gpu"):
+        assert image_config(variant).env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     tpu = image_config("tpu")
     assert tpu.user is None  # root: libtpu needs the capabilities --privileged gives root (docker/README.md)
     assert tpu.env["TPU_LIBRARY_PATH"] == tpu.env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/lib/libtpu.so"
     assert tpu.env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
     assert "TPU_LIBRARY_PATH" not in image_config("cpu").env
+    jax_tpu = image_config("jax-tpu")
+    assert jax_tpu.user is None  # root, as tpu
+    # JAX finds libtpu through its pip package and detects the chips itself; a JAX_PLATFORMS baked in would make the
+    # image fail on a machine without a TPU instead of running on its CPU.
+    assert set(jax_tpu.env) == {
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PIP_NO_CACHE_DIR",
+        "PIP_DISABLE_PIP_VERSION_CHECK",
+        "PIP_ROOT_USER_ACTION",
+        "PYTHONPATH",
+        "KERAS_BACKEND",
+    }
 
 
-def test_every_variant_installs_the_tensorflow_of_pyproject(tmp_path: Path) -> None:
-    pins = dict(
-        line.split("==")
-        for line in (REPO / "docker" / "constraints.txt").read_text().splitlines()
-        if line and not line.startswith("#")
-    )
-    tf = pins["tensorflow"]
-    out = {}
-    for variant in image.VARIANTS:
-        generator = [sys.executable, str(REPO / "docker" / "requirements.py"), "requirements"]
-        subprocess.run([*generator, "--variant", variant, "--out", str(tmp_path / variant)], check=True)
-        out[variant] = (tmp_path / variant / "requirements.txt").read_text().splitlines()
-        out[variant] += (tmp_path / variant / "no-deps.txt").read_text().splitlines()
-    assert f"tensorflow-cpu=={tf}" in out["cpu"]  # the same TensorFlow without CUDA kernels
-    assert f"tensorflow[and-cuda]=={tf}" in out["gpu"]
-    assert f"tensorflow-tpu=={tf}" in out["tpu"]
-    assert f"--find-links {image_requirements.LIBTPU_FIND_LINKS}" in out["tpu"]
-    assert f"libtpu=={image_requirements.LIBTPU}" in out["tpu"]
+def _generated(tmp_path: Path, variant: str) -> dict[str, list[str]]:
+    """What `requirements.py requirements` writes for a variant, as the image build runs it."""
+    generator = [sys.executable, str(REPO / "docker" / "requirements.py"), "requirements"]
+    subprocess.run([*generator, "--variant", variant, "--out", str(tmp_path / variant)], check=True)
+    return {
+        name: (tmp_path / variant / f"{name}.txt").read_text().splitlines()
+        for name in ("requirements", "no-deps", "constraints")
+    }
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\[=<>~! ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_every_tensorflow_variant_installs_the_tensorflow_of_pyproject(tmp_path: Path) -> None:
+    pins = {variant: locked(variant) for variant in image.VARIANTS}
+    tf = pins["cpu"]["tensorflow-cpu"]
+    out = {variant: _generated(tmp_path, variant) for variant in image.VARIANTS}
+    reqs = {variant: out[variant]["requirements"] + out[variant]["no-deps"] for variant in image.VARIANTS}
+    assert f"tensorflow-cpu=={tf}" in reqs["cpu"]  # the same TensorFlow without CUDA kernels
+    assert f"tensorflow[and-cuda]=={tf}" in reqs["gpu"]
+    assert f"tensorflow-tpu=={tf}" in reqs["tpu"]
+    assert f"--find-links {image_requirements.LIBTPU_FIND_LINKS}" in reqs["tpu"]
+    assert f"libtpu=={image_requirements.LIBTPU}" in reqs["tpu"]
     for variant in ("cpu", "tpu"):
-        assert not any(r.startswith("tensorflow==") for r in out[variant])
+        assert not any(r.startswith("tensorflow==") for r in reqs[variant])
         # tf-keras requires `tensorflow`, which would install the full build over tensorflow-cpu / -tpu
-        assert (tmp_path / variant / "no-deps.txt").read_text().split() == [f"tf-keras=={pins['tf-keras']}"]
-    assert (tmp_path / "gpu" / "no-deps.txt").read_text() == ""
+        assert out[variant]["no-deps"] == [f"tf-keras=={pins[variant]['tf-keras']}"]
+    assert out["gpu"]["no-deps"] == []
+    for variant in TENSORFLOW_VARIANTS:  # the TensorFlow images stay as they were: no JAX in them
+        assert not any(_name(r) in ("jax", "jaxlib") for r in reqs[variant])
+        assert not {"jax", "jaxlib"} & set(pins[variant])
     # One version for everything, the same in the Dockerfile, the generator and the lock.
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
     assert f"ARG LIBTPU_VERSION={image_requirements.LIBTPU}" in dockerfile
-    assert pins["libtpu"] == image_requirements.LIBTPU
-    assert pins["tensorflow-tpu"] == pins["tensorflow-cpu"] == tf
-    cuda = [name for name in pins if name.startswith("nvidia-")]
-    assert pins["nvidia-cudnn-cu12"].startswith("9.3.") and pins["nvidia-cuda-runtime-cu12"].startswith("12.5.")
+    assert pins["tpu"]["libtpu"] == image_requirements.LIBTPU
+    assert pins["tpu"]["tensorflow-tpu"] == pins["gpu"]["tensorflow"] == tf
+    cuda = [name for name in pins["gpu"] if name.startswith("nvidia-")]
+    assert pins["gpu"]["nvidia-cudnn-cu12"].startswith("9.3.")
+    assert pins["gpu"]["nvidia-cuda-runtime-cu12"].startswith("12.5.")
     assert len(cuda) == 12  # the CUDA TensorFlow 2.20 was built with: the floors of its and-cuda extra
     for variant in image.VARIANTS:
-        for req in out[variant]:
+        # The build installs under exactly the variant's lines of the lock, and every requirement is pinned there.
+        assert out[variant]["constraints"] == image_requirements.constraints(LOCK.read_text(), variant)
+        for req in reqs[variant]:
             if not req.startswith("--"):
-                name = re.split(r"[\[=<>~! ]", req, maxsplit=1)[0].lower().replace("_", "-")
-                assert name in pins, f"{req}: not pinned in docker/constraints.txt (`make image-lock`)"
+                assert _name(req) in pins[variant], f"{variant}: {req} not pinned in docker/constraints.txt"
+
+
+def test_the_jax_variants_install_jax_and_keras_and_no_tensorflow(tmp_path: Path) -> None:
+    pyproject = image_requirements.tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    train = {_name(r): r for r in pyproject["optional-dependencies"]["train"]}
+    jax_range = train["jax"].split("]", 1)[1]  # the version range pyproject.toml gives jax[cpu]
+    for variant in JAX_VARIANTS:
+        out = _generated(tmp_path, variant)
+        reqs, pins = out["requirements"], locked(variant)
+        extra = {"jax-tpu": "tpu", "jax-gpu": "cuda12"}[variant]
+        assert f"jax[{extra}]{jax_range}" in reqs
+        assert train["keras"] in reqs and train["numpy"] in reqs and train["matplotlib"] in reqs
+        assert out["no-deps"] == []
+        # Nothing of TensorFlow, neither asked for nor brought in by a dependency.
+        assert not any(_name(r).startswith(("tensorflow", "tf-keras")) for r in reqs)
+        assert not TENSORFLOW_DISTS & set(pins), f"{variant} installs {TENSORFLOW_DISTS & set(pins)}"
+        # What the trainer, the supervisor and the mirror import.
+        assert {"jax", "jaxlib", "keras", "numpy", "google-cloud-storage", "pydantic", "matplotlib"} <= set(pins)
+        assert pins["jax"] == pins["jaxlib"]
+        assert pins["keras"] == locked("cpu")["keras"]  # one Keras for both engines
+    assert f"--find-links {image_requirements.JAX_LIBTPU_FIND_LINKS}" in _generated(tmp_path, "jax-tpu")["requirements"]
+    jax_tpu, jax_gpu, tpu = locked("jax-tpu"), locked("jax-gpu"), locked("tpu")
+    assert "libtpu" in jax_tpu and jax_tpu["libtpu"] != tpu["libtpu"]  # jax[tpu] pins its own libtpu
+    assert not any(n.startswith("nvidia-") for n in jax_tpu) and "libtpu" not in jax_gpu
+    assert jax_gpu["jax-cuda12-plugin"] == jax_gpu["jax-cuda12-pjrt"] == jax_gpu["jax"]
+    assert jax_gpu["nvidia-cudnn-cu12"].startswith("9.") and jax_gpu["nvidia-cuda-runtime-cu12"].startswith("12.")
+    # One set of versions across the images, apart from each one's accelerator runtime (libtpu, CUDA).
+    for variant in JAX_VARIANTS:
+        for other in TENSORFLOW_VARIANTS:
+            shared = set(locked(variant)) & set(locked(other))
+            differ = {n for n in shared if locked(variant)[n] != locked(other)[n]}
+            assert all(image_requirements.own_runtime(n) for n in differ), (variant, other, differ)
+
+
+def test_the_lock_names_what_each_variant_installs() -> None:
+    text = "# header\na==1\n\n# [tpu jax-tpu]\nb==2\n# [jax-tpu]\nc==3\n# [tpu]\nc==4\n"
+    assert image_requirements.constraints(text, "tpu") == ["a==1", "b==2", "c==4"]
+    assert image_requirements.constraints(text, "jax-tpu") == ["a==1", "b==2", "c==3"]
+    assert image_requirements.constraints(text, "cpu") == ["a==1"]  # "tpu" is a word, not a substring of "jax-tpu"
+    with pytest.raises(ValueError, match="unknown variant"):
+        image_requirements.constraints(text, "arm")
+    # The lock is in the generator's own form: reading every variant back and rendering gives the file again.
+    lines = LOCK.read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    installs = {variant: locked(variant) for variant in image.VARIANTS}
+    assert image_requirements.render(installs) == "".join(lines[header:])
+
+
+def test_the_build_check_refuses_packages_the_lock_does_not_hold(tmp_path: Path) -> None:
+    """The check the dependency layer ends with, run here against this venv (which has TensorFlow) as if it were a
+    JAX image: it names TensorFlow as installed without being locked, and what the lock wants but is missing."""
+    out = _generated(tmp_path, "jax-tpu")
+    assert out["no-deps"] == []
+    check = [sys.executable, str(REPO / "docker" / "requirements.py"), "check"]
+    check += ["--no-deps", str(tmp_path / "jax-tpu" / "no-deps.txt")]
+    result = subprocess.run(
+        [*check, "--constraints", str(tmp_path / "jax-tpu" / "constraints.txt")], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert re.search(r"^tensorflow \S+ is installed but not in the lock", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^libtpu: locked \S+, installed nothing$", result.stdout, re.MULTILINE)
 
 
 # -- the entrypoint, as a local process with the image's environment ----------------------------------------------
@@ -204,6 +320,127 @@ def test_the_entrypoint_runs_a_custom_command_under_the_same_contract(tmp_path: 
 def test_the_entrypoint_refuses_to_start_without_a_run_directory() -> None:
     result = subprocess.run(entrypoint_argv(), env=image_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "RUNNER_RUN_DIR is not set" in result.stderr
+
+
+# -- a JAX image: the runner without TensorFlow ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jax_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Python holding what every JAX image installs (the lock's jax-tpu and jax-gpu lines, as this venv has them:
+    jax[cpu] here, so no libtpu or CUDA) and nothing else: no TensorFlow, tf-keras or TensorBoard, no test tools,
+    no runner installed (it comes from PYTHONPATH, as in the image). A venv whose site directory links this venv's
+    packages of those distributions; `sys.executable` there is that venv's, so the trainer the supervisor starts
+    sees the same packages."""
+    root = tmp_path_factory.mktemp("jax-image")
+    wanted = set.intersection(*(set(locked(v)) for v in JAX_VARIANTS))
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    keep: set[str] = set()
+    for dist in importlib.metadata.distributions(path=[str(site_packages)]):
+        if re.sub(r"[-_.]+", "-", dist.name or "").lower() in wanted:
+            keep |= {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+    site = root / "site"
+    site.mkdir()
+    for name in sorted(keep):
+        if (site_packages / name).exists():
+            (site / name).symlink_to(site_packages / name)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    python = root / "venv" / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "jax_image.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    return str(python)
+
+
+def jax_image_env(variant: str = "jax-tpu") -> dict[str, str]:
+    """The image's environment, with this checkout standing in for /opt/app."""
+    return {**image_env(variant), "PYTHONPATH": str(REPO)}
+
+
+def test_the_jax_image_python_has_keras_on_jax_and_no_tensorflow(jax_python: str) -> None:
+    probe = (
+        "import importlib.util, json, keras, jax; "
+        "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+        "['tensorflow', 'tf_keras', 'tensorboard', 'pytest', 'runner', 'google.cloud.storage']} | "
+        "{'backend': keras.backend.backend(), 'sum': float(keras.ops.sum(keras.ops.ones((2, 2))))}))"
+    )
+    result = subprocess.run(
+        [jax_python, "-c", probe], env=jax_image_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen == {
+        "tensorflow": False,
+        "tf_keras": False,
+        "tensorboard": False,
+        "pytest": False,
+        "runner": True,
+        "google.cloud.storage": True,
+        "backend": "jax",  # KERAS_BACKEND from the Dockerfile
+        "sum": 4.0,
+    }
+
+
+def test_a_jax_image_runs_the_supervisor_and_the_mirror_without_tensorflow(jax_python: str, gcs: str) -> None:
+    """The entrypoint with a gs:// run directory: the supervisor stages the job's output locally and the mirror
+    uploads it through google-cloud-storage (here to the emulator), with no TensorFlow importable."""
+    run_dir = f"gs://runner-test/{uuid.uuid4().hex}/runs/jax"
+    script = (
+        "import os, pathlib, keras; p = pathlib.Path(os.environ['RUNNER_CHECKPOINT_DIR']); "
+        "p.mkdir(parents=True, exist_ok=True); (p / 'weights.bin').write_bytes(b'x' * 1000); "
+        "print('backend', keras.backend.backend())"
+    )
+    env = jax_image_env()
+    env.update(
+        {
+            contract.RUN_DIR: run_dir,
+            contract.RUN_ID: "jax-image",
+            contract.COMMAND: json.dumps([jax_python, "-c", script]),
+            contract.SYNC_S: "0.5",
+            "STORAGE_EMULATOR_HOST": gcs,
+        }
+    )
+    argv = [jax_python, *image_config("jax-tpu").argv[1:]]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    store = open_storage(run_dir)
+    assert {"checkpoints/weights.bin", "logs/worker-0.log", "exit/worker-0.json"} <= {o.key for o in store.list()}
+    assert b"backend jax" in store.read_bytes("logs/worker-0.log")
+    assert json.loads(store.read_bytes(contract.exit_key(0)) or b"{}")["state"] == "succeeded"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("runner.train.jax_engine") is None,
+    reason="the JAX engine (training.framework: jax, runner/train/jax_engine.py) is not in this checkout",
+)
+def test_a_jax_image_trains_with_framework_jax_without_tensorflow(
+    jax_python: str, tmp_path: Path, mnist_npz: Path
+) -> None:
+    training = TrainingSpec.model_validate(
+        {"framework": "jax", "max_train_examples": 256, "epochs": 1, "batch_size": 128}
+    )
+    run_dir = tmp_path / "run"
+    env = jax_image_env()
+    env.update(
+        {
+            contract.RUN_DIR: str(run_dir),
+            contract.RUN_ID: "jax-image-train",
+            contract.TRAINING: training.model_dump_json(),
+            contract.DATA_DIR: str(mnist_npz.parent),
+        }
+    )
+    argv = [jax_python, *image_config("jax-tpu").argv[1:]]
+    result = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / contract.SUMMARY).read_text())
+    assert (summary["framework"], summary["train_examples"]) == ("jax", 256)
+    exit_record = json.loads((run_dir / contract.exit_key(0)).read_text())
+    assert (exit_record["state"], exit_record["exit_code"]) == ("succeeded", 0)
 
 
 # -- the image itself, where a Docker engine answers ----------------------------------------------------------------

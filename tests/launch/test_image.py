@@ -19,7 +19,7 @@ import pytest
 
 from runner import spec
 from runner.errors import BackendError, PlanError
-from runner.launch import image
+from runner.launch import image, variants
 from runner.launch.imageref import ImageRef
 from runner.plan import planner as plan
 from tests.conftest import REPO, free_port
@@ -48,7 +48,7 @@ def digest(root: Path, variant: str = "cpu", **args: str) -> str:
 def test_tag_is_stable_across_checkouts_and_calls(context: Path) -> None:
     assert digest(context) == digest(context) == digest(REPO)
     assert re.fullmatch(r"\d+\.\d+\.\d+-[0-9a-f]{16}", image.content_tag("cpu", root=context))
-    assert len({digest(context, v) for v in image.VARIANTS}) == 3
+    assert len({digest(context, v) for v in image.VARIANTS}) == len(image.VARIANTS) == 5
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,92 @@ def test_tag_changes_with_what_goes_into_the_image(context: Path, edit: str) -> 
     path = context / edit
     path.write_text((path.read_text() if path.exists() else "") + "\n# changed\n")
     assert digest(context) != before
+
+
+def test_a_variants_tag_changes_with_its_own_lines_of_the_lock_and_its_stage(context: Path) -> None:
+    before = {v: digest(context, v) for v in image.VARIANTS}
+    lock = context / "docker" / "constraints.txt"
+    text = lock.read_text()
+    assert "\n# [jax-tpu]\nlibtpu==" in text
+    lock.write_text(re.sub(r"(# \[jax-tpu\]\nlibtpu==)\S+", r"\g<1>0.0.99", text))
+    relocked = {v: digest(context, v) for v in image.VARIANTS}
+    assert relocked["jax-tpu"] != before["jax-tpu"]
+    # The tag hashes the whole lock, so the other variants' tags move too (their dependency layers do not: the build
+    # installs from the variant's own lines, docker/README.md).
+    assert all(relocked[v] != before[v] for v in image.VARIANTS)
+    lock.write_text(text)
+    dockerfile = context / image.DOCKERFILE
+    recipe = dockerfile.read_text()
+    stage = "FROM deps AS variant-jax-tpu\nENV KERAS_BACKEND=jax\n"
+    assert stage in recipe
+    dockerfile.write_text(recipe.replace(stage, stage + "ENV JAX_TRACEBACK_FILTERING=off\n"))
+    assert digest(context, "jax-tpu") != before["jax-tpu"]
+
+
+def test_the_variant_is_chosen_from_framework_and_device() -> None:
+    chosen = {(f, d): variants.variant_for(f, d) for f in ("tensorflow", "jax") for d in variants.DEVICES}
+    assert chosen == {
+        ("tensorflow", "cpu"): "cpu",
+        ("tensorflow", "gpu"): "gpu",
+        ("tensorflow", "tpu"): "tpu",
+        ("jax", "cpu"): "jax-tpu",  # no JAX-only CPU image: JAX runs on the CPU where it finds no TPU chips
+        ("jax", "gpu"): "jax-gpu",
+        ("jax", "tpu"): "jax-tpu",
+    }
+    assert all(image.FRAMEWORKS[v] == f and v in image.VARIANTS for (f, _), v in chosen.items())
+    with pytest.raises(ValueError, match="unknown device"):
+        variants.variant_for("jax", "arm")
+    with pytest.raises(ValueError, match="unknown framework"):
+        variants.variant_for("torch", "tpu")
+    ref = image.reference("p", "us-central1", "tpu-runner", "jax-tpu", "0.1.0-0123456789abcdef")
+    assert variants.variant_of(ref) == "jax-tpu"
+    assert variants.variant_of(image.local_reference("gpu", "t")) == "gpu"
+    assert variants.variant_of("us-docker.pkg.dev/p/r/trainer:v1") is None  # not named by `runner build`
+    assert variants.variant_of("us-docker.pkg.dev/p/r/trainer-arm:v1") is None
+
+
+def _job(image_ref: str, framework: str | None) -> spec.JobSpec:
+    body: dict[str, object] = {"name": "job", "image": image_ref}
+    if framework:
+        body["training"] = {"framework": framework}
+    else:
+        body["command"] = ["python", "train.py"]
+    return spec.JobSpec.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("variant", "framework", "refused"),
+    [
+        ("tpu", "tensorflow", None),
+        ("jax-tpu", "jax", None),
+        ("tpu", "jax", "holds TensorFlow and no JAX"),
+        ("jax-tpu", "tensorflow", "holds JAX and no TensorFlow"),
+        ("jax-gpu", "jax", "built for GPU, not TPU"),
+        ("cpu", "tensorflow", "built for CPU, not TPU"),
+        ("jax-tpu", None, None),  # a custom command brings its own engine: only the device counts
+        ("tpu", None, None),
+        ("gpu", None, "built for GPU, not TPU"),
+    ],
+)
+def test_a_tpu_vm_job_is_refused_an_image_of_the_wrong_variant(
+    variant: str, framework: str | None, refused: str | None
+) -> None:
+    job = _job(image.reference("p", "us-central1", "tpu-runner", variant, "0.1.0-0123456789abcdef"), framework)
+    if refused is None:
+        plan.check_image_variant(job, "tpu")
+        return
+    with pytest.raises(PlanError, match=refused) as caught:
+        plan.check_image_variant(job, "tpu")
+    wanted = variants.variant_for(framework or "tensorflow", "tpu")
+    assert f"make push VARIANT={wanted} " in (caught.value.hint or "")
+    # An image of any other name is taken as it is.
+    plan.check_image_variant(_job("us-central1-docker.pkg.dev/p/r/trainer:v1", framework), "tpu")
+
+
+def test_plan_cloud_checks_the_variant() -> None:
+    job = _job(image.reference("my-project", "us-central1", "tpu-runner", "tpu", "0.1.0-0123456789abcdef"), "jax")
+    with pytest.raises(PlanError, match="holds TensorFlow and no JAX"):
+        plan.plan_cloud(job, None, storage="gs://my-bucket/x", project="my-project", zone="us-central1-a")
 
 
 def test_tag_changes_with_mode_symlinks_and_build_args(context: Path) -> None:
@@ -187,6 +273,28 @@ def test_print_ref_needs_no_docker() -> None:
     tag = image.content_tag("tpu")
     assert result.output.strip() == f"europe-west4-docker.pkg.dev/my-project/tpu-runner/trainer-tpu:{tag}"
     assert CliRunner().invoke(app, ["build", "--variant", "arm", "--print-ref"]).exit_code == 2
+
+
+def test_build_picks_the_variant_from_the_spec(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from runner.cli import app
+
+    job = tmp_path / "job.yaml"
+    job.write_text("name: jax-job\nimage: trainer:v1\ntraining:\n  framework: jax\n")
+    for device, variant in [("tpu", "jax-tpu"), ("gpu", "jax-gpu"), ("cpu", "jax-tpu")]:
+        argv = ["build", "--spec", str(job), "--device", device, "--project", "p", "--print-ref"]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        tag = image.content_tag(variant)
+        assert result.stdout.strip() == f"us-central1-docker.pkg.dev/p/tpu-runner/trainer-{variant}:{tag}"
+        assert f"variant: {variant} (training.framework jax on {device})" in result.stderr
+    job.write_text("name: tf-job\nimage: trainer:v1\ntraining:\n  epochs: 1\n")
+    result = CliRunner().invoke(app, ["build", "--spec", str(job), "--print-ref"])  # --device tpu by default
+    assert result.exit_code == 0 and result.stdout.strip() == f"trainer-tpu:{image.content_tag('tpu')}"
+    result = CliRunner().invoke(app, ["build", "--spec", str(job), "--variant", "cpu", "--print-ref"])
+    assert result.exit_code == 2 and "not both" in result.output
+    assert CliRunner().invoke(app, ["build", "--spec", str(job), "--device", "arm", "--print-ref"]).exit_code == 2
 
 
 # -- the registry check -----------------------------------------------------------------------------------------
