@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,6 +137,35 @@ def test_a_queued_resource_that_fails_everywhere_reports_the_apis_reason(
     assert "guaranteed" not in create.body and "spot" not in create.body
     assert not cloud.nodes() and not cloud.queued_resources()
     assert "Traceback" not in result.output
+
+
+def test_ctrl_c_while_queued_deletes_the_queued_resource_once_with_force(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    cloud.stockout(None)  # every zone, until cleared: it waits in the queue
+    spec = job(tmp_path, bucket_url, "command: [python, -c, 'print(1)']\n", accelerator=QUEUED)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "submit", str(spec)],
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(q["state"]["state"] == "WAITING_FOR_RESOURCES" for q in cloud.queued_resources()):
+            assert time.monotonic() < deadline and proc.poll() is None, "never queued"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "queued resource" in output and "(with its node) is gone" in output, output
+    assert not cloud.queued_resources() and not cloud.nodes()
+    (delete,) = api_calls(cloud, "DELETE", r"/queuedResources/")
+    assert delete.query.get("force") == "true"
 
 
 def test_a_suspended_queued_resource_is_deleted_and_created_again(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -188,3 +188,28 @@ def test_gc_deletes_leftover_queued_resources_with_force_and_never_their_nodes_a
     deletes = [r for r in tpu_emulator.requests if r.method == "DELETE"]
     assert sorted(r.path.rsplit("/", 1)[1] for r in deletes) == ["qr-done", "qr-expired", "qr-failed"]
     assert all("/queuedResources/" in r.path and r.query.get("force") == "true" for r in deletes)
+
+
+def test_down_deletes_a_queued_runs_queued_resource_with_force_once(api: TpuApi, tpu_emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "queued.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: queued
+        image: {IMAGE}
+        command: [python, -c, "import time; print('working', flush=True); time.sleep(300)"]
+        accelerator: {{type: v2-8, zone: {ZONE}, project: {PROJECT}, provisioning: queued}}
+        storage: gs://runner-test/{uuid.uuid4().hex[:8]}
+        """)
+    )
+    started = CliRunner().invoke(app, ["submit", str(spec), "--detach"], catch_exceptions=False)
+    assert started.exit_code == 0, started.output
+    run_id = re.search(r"started (\S+) in the background", started.output).group(1)  # type: ignore[union-attr]
+    assert [q["name"].rsplit("/", 1)[1] for q in tpu_emulator.queued_resources()] == [run_id]
+    down = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+    assert down.exit_code == 0, down.output
+    assert f"queued resource {run_id} (with its node) is gone" in down.output
+    assert not tpu_emulator.queued_resources() and not tpu_emulator.nodes()
+    deletes = [r for r in tpu_emulator.requests if r.method == "DELETE" and r.status < 300]
+    assert [(r.path.rsplit("/", 1)[1], r.query.get("force")) for r in deletes] == [(run_id, "true")]
+    again = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+    assert again.exit_code == 0  # idempotent
