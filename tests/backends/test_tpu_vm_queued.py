@@ -123,6 +123,41 @@ def test_a_queued_resource_past_its_valid_until_fails_and_the_next_zone_is_tried
     assert not cloud.nodes() and not cloud.queued_resources()
 
 
+def test_a_queued_resource_suspended_before_it_is_active_moves_to_the_next_zone(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Its node is deleted by someone else while the queued resource is PROVISIONING: it goes SUSPENDED, is deleted
+    with force, and the next zone is queued."""
+    from runner.backends.tpu_api import TpuApi
+
+    cloud.slow_create(30, zone=ZONES[0], count=1)  # PROVISIONING lasts: time to take its node away
+    spec = job(tmp_path, bucket_url, "command: [python, -c, 'print(\"ran after all\")']\n", accelerator=QUEUED)
+    taken: list[str] = []
+
+    def delete_while_creating() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not taken:
+            creating = [n for n in cloud.nodes() if n.state == "CREATING" and n.zone == ZONES[0]]
+            if creating:
+                taken.append(creating[0].node_id)
+                TpuApi().delete_node("test-project", ZONES[0], creating[0].node_id)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=delete_while_creating, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert taken and result.exit_code == 0, result.output
+    assert re.search(r"queued resource \S+: SUSPEND(ING|ED) \(\d+s\)", result.output), result.output
+    moved = rf"{ZONES[0]}: SUSPEND(ING|ED) \(by USER\) before it became ACTIVE; queueing in {ZONES[1]} next"
+    assert re.search(moved, result.output), result.output
+    assert "ran after all" in result.output
+    deletes = api_calls(cloud, "DELETE", r"/queuedResources/")
+    assert [d.path.split("/")[5] for d in deletes] == list(ZONES)
+    assert all(d.query.get("force") == "true" for d in deletes)
+    assert not cloud.nodes() and not cloud.queued_resources()
+
+
 def test_a_queued_resource_that_fails_everywhere_reports_the_apis_reason(
     cloud, tmp_path: Path, bucket_url: str
 ) -> None:  # type: ignore[no-untyped-def]
