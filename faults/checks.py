@@ -244,6 +244,32 @@ def ran_in(zone: str) -> Check:
     return check
 
 
+def queued_ran_in(zone: str) -> Check:
+    """Queued resources: one created per zone up to `zone`, where the job ran; each deleted once, with force (its
+    node with it), and none left."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        accepted = [r for r in ctx.emulator.requests if r.status < 300 and "/queuedResources" in r.path]
+        created = [r.path.split("/")[5] for r in accepted if r.method == "POST"]
+        deleted = [r for r in accepted if r.method == "DELETE"]
+        result.notes.append(f"queued in: {', '.join(created)}")
+        if not created or created[-1] != zone:
+            result.problems.append(
+                f"the last queued resource was in {created[-1] if created else 'no zone'}, not {zone}"
+            )
+        if sorted(r.path.split("/")[5] for r in deleted) != sorted(created):
+            result.problems.append(f"{len(deleted)} queued-resource deletes for {len(created)} created")
+        if any(r.query.get("force") != "true" for r in deleted):
+            result.problems.append("a queued resource was deleted without force")
+        if any(r.method == "POST" and r.path.endswith("/nodes") for r in ctx.emulator.requests):
+            result.problems.append("a node was created directly, not through its queued resource")
+        left = ctx.emulator.queued_resources()
+        if left:
+            result.problems.append(f"{len(left)} queued resource(s) left: {', '.join(q['name'] for q in left)}")
+
+    return check
+
+
 def http_burst(status: int, count: int) -> Check:
     def check(ctx: Ctx, result: RunResult) -> None:
         hits = [r for r in ctx.requests if r.status == status]

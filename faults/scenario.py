@@ -73,6 +73,7 @@ class Scenario:
     exit: int  # the runner's exit code (-9: the case SIGKILLs it)
     job: Train | Command = Command()
     spot: bool = False
+    provisioning: str | None = None  # accelerator.provisioning (None: the spec's default, auto)
     zones: tuple[str, ...] = ZONES
     teardown: dict[str, Any] = field(default_factory=dict)
     retries: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +97,8 @@ class Scenario:
         acc: dict[str, Any] = {"type": "v2-8", "zones": list(self.zones), "project": PROJECT}
         if self.spot:
             acc["spot"] = True
+        if self.provisioning:
+            acc["provisioning"] = self.provisioning
         doc: dict[str, Any] = {"name": "faults", "image": IMAGE, "accelerator": acc, "storage": storage}
         if isinstance(self.job, Train):
             doc["training"] = self.job.section(data)
@@ -116,6 +119,7 @@ class Scenario:
             0,
             job=self.job,
             spot=self.spot,
+            provisioning=self.provisioning,
             zones=self.zones,
             teardown=self.teardown,
             retries=self.retries,

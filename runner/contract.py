@@ -8,6 +8,7 @@ and two writers would overwrite each other:
     run.json                 run id, backend, machine, created/deadline             runner
     events/<source>.jsonl    timestamped lifecycle events, one file per writer      runner, worker-N, bootstrap-N
     heartbeat                JSON {time, worker, pid, phase}, refreshed while alive worker 0
+    heartbeats/worker-N.json the same, of each worker (readiness and liveness)      worker N
     runner-heartbeat         JSON {time, pid, host}, refreshed while it watches     runner
     logs/worker-N.log        the container's stdout and stderr                      worker N
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
@@ -60,6 +61,7 @@ SPEC = "spec.yaml"
 RUN_INFO = "run.json"
 EVENTS_DIR = "events"
 HEARTBEAT = "heartbeat"
+HEARTBEATS_DIR = "heartbeats"
 RUNNER_HEARTBEAT = "runner-heartbeat"  # written by the submitting runner while it watches
 LOGS_DIR = "logs"
 METRICS = "metrics.jsonl"
@@ -78,6 +80,10 @@ def events_key(source: str) -> str:
 
 def log_key(worker: int) -> str:
     return f"{LOGS_DIR}/worker-{worker}.log"
+
+
+def heartbeat_key(worker: int) -> str:
+    return f"{HEARTBEATS_DIR}/worker-{worker}.json"
 
 
 def exit_key(worker: int) -> str:

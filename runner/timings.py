@@ -29,6 +29,7 @@ class Timings:
     follow_gcs_s: float = 2.0  # reads of a run directory on Cloud Storage (each costs requests)
     machine_status_every_s: float = 10.0  # the backend's word on a machine, while following it
     sweep_poll_s: float = 2.0  # `runner gc`: between checks that orphans are gone
+    worker_stale_s: float = 300.0  # a worker whose heartbeat has not changed for this long is lost
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:

@@ -284,6 +284,18 @@ class TpuEmulator:
         fields = {"status": status, "message": message, "reason": reason, "seconds": seconds}
         return self._add("delete_fails", zone=zone, node=node, count=count, **fields)
 
+    def queued_fails(
+        self,
+        zone: str | None = None,
+        *,
+        count: int | None = None,
+        status: str | int = "INTERNAL",
+        message: str | None = None,
+    ) -> Fault:
+        """A queued resource waiting in `zone` (every zone when None) goes FAILED at its next try, with `status` (a
+        name or gRPC code) and `message` in state.failedData.error, instead of provisioning."""
+        return self._add("queued_fails", zone=zone, count=count, status=status, message=message)
+
     def slow_delete(
         self, seconds: float, *, zone: str | None = None, node: str | None = None, count: int | None = None
     ) -> Fault:

@@ -30,6 +30,7 @@ Kind = Literal[
     "collision",
     "boot_hang",
     "drop_env",
+    "queued_fails",
 ]
 KINDS: tuple[str, ...] = get_args(Kind)
 _FIELDS = (
@@ -51,7 +52,7 @@ _FIELDS = (
     "env",
 )
 # Kinds filtered by zone (None: every zone) and node id (an fnmatch pattern).
-_ZONED = ("stockout", "quota", "slow_create", "delete_fails", "slow_delete", "collision", "boot_hang")
+_ZONED = ("stockout", "quota", "slow_create", "delete_fails", "slow_delete", "collision", "boot_hang", "queued_fails")
 # The labels a collision's node carries by default: another run's, as the runner labels its nodes.
 OTHER_RUN_LABELS = {"managed-by": "tpu-runner", "tpu-runner-run": "another-run"}
 
@@ -69,7 +70,7 @@ class Fault:
     limit: int = 0  # quota: the limit the message reports
     in_operation: bool = False  # quota: accept the create, then fail its operation (code 8), not a 429 at once
     permission: str = "tpu.nodes.create"  # permission: the denied permission (fnmatch pattern, e.g. tpu.*)
-    status: int | str | None = None  # http: the HTTP status (503); delete_fails: a status name or gRPC code
+    status: int | str | None = None  # http: the HTTP status (503); delete_fails, queued_fails: a status name or code
     method: str | None = None  # http, rate_limit: only requests with this method
     path: str | None = None  # http, rate_limit: only requests whose path matches this regular expression
     seconds: float | None = None  # slow_create, slow_delete: how long CREATING/DELETING last; delete_fails: too
@@ -110,14 +111,14 @@ def _check(fault: Fault) -> None:
         raise ValueError("count must be a positive integer (or absent: until cleared)")
     if fault.kind == "http" and not (isinstance(fault.status, int) and 400 <= fault.status <= 599):
         raise ValueError("status must be an HTTP error status, 400-599")
-    if fault.kind == "delete_fails":
+    if fault.kind in ("delete_fails", "queued_fails"):
         status = fault.status
         if isinstance(status, int) and not 1 <= status <= 16:
             raise ValueError("status must be a gRPC code 1-16 or a canonical name such as INTERNAL")
         if isinstance(status, str) and status not in GRPC_CODE:
             raise ValueError(f"status must be a gRPC code 1-16 or one of {', '.join(GRPC_CODE)}")
     elif fault.status is not None and fault.kind != "http":
-        raise ValueError(f"status is for http and delete_fails faults, not {fault.kind}")
+        raise ValueError(f"status is for http, delete_fails and queued_fails faults, not {fault.kind}")
     if fault.kind in ("slow_create", "slow_delete") and fault.seconds is None:
         raise ValueError(f"a {fault.kind} fault needs seconds")
     if fault.seconds is not None and not (isinstance(fault.seconds, int | float) and fault.seconds >= 0):
@@ -143,7 +144,11 @@ def fault_from_json(kind: str, data: dict[str, Any]) -> Fault:
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise ValueError(f"unknown field(s) for a {kind} fault: {', '.join(unknown)}; known: {', '.join(_FIELDS)}")
-    all_defaults: dict[str, dict[str, Any]] = {"http": {"status": 503}, "delete_fails": {"status": "INTERNAL"}}
+    all_defaults: dict[str, dict[str, Any]] = {
+        "http": {"status": 503},
+        "delete_fails": {"status": "INTERNAL"},
+        "queued_fails": {"status": "INTERNAL"},
+    }
     defaults = all_defaults.get(kind, {})
     if isinstance(data.get("env"), list):  # JSON has lists; the fault is frozen
         data = {**data, "env": tuple(data["env"])}

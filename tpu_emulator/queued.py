@@ -5,7 +5,8 @@ States (the API's QueuedResourceState.State; cloud.google.com/tpu/docs/queued-re
       is done here, and the request waits while the zone is stocked out or before its validAfter time
   -> PROVISIONING: its nodes are created (they never meet a stockout: the queue waited it out)
   -> ACTIVE once they are all READY.
-  valid-until passed while waiting -> FAILED (code 8); a node it would create exists -> FAILED (ALREADY_EXISTS).
+  valid-until passed while waiting -> FAILED (code 8); a node it would create exists -> FAILED (ALREADY_EXISTS);
+  the queued_fails fault -> FAILED with the fault's status and message.
   A node preempted or deleted -> SUSPENDING; no node left -> SUSPENDED. A preempted node is deleted by the service.
   FAILED and SUSPENDED stay until the queued resource is deleted ("the request remains in the queue until it is
   explicitly deleted"); deleting one that still has nodes needs force=true, which deletes them first.
@@ -113,6 +114,13 @@ class QueuedResources:
                 "RESOURCE_EXHAUSTED",
                 f"The queued resource {qr.name} could not be provisioned before its valid-until time.",
             ).rpc_status()
+            return
+        failure = cloud.faults.take("queued_fails", zone=qr.zone)
+        if failure is not None:
+            qr.state, qr.initiator = "FAILED", "SERVICE"
+            status = failure.status if failure.status is not None else "INTERNAL"
+            text = failure.message or f"The queued resource {qr.name} could not be provisioned."
+            qr.error = ApiError.of(status, text).rpc_status()
             return
         if (not_before is not None and now < not_before) or cloud.faults.take("stockout", zone=qr.zone):
             qr.state = self.waiting_state

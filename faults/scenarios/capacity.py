@@ -1,4 +1,5 @@
-"""No capacity: the runner goes through the zones in order, and waits for capacity when the spec says so."""
+"""No capacity: the runner goes through the zones in order, and waits for capacity when the spec says so; a queued
+resource that FAILED is deleted and the next zone queued."""
 
 from __future__ import annotations
 
@@ -32,5 +33,19 @@ CASES = (
         retries={"capacity_wait": "2m"},
         setup=(lambda ctx: ctx.emulator.stockout(None, count=2),),
         checks=(checks.ran_in(ZONES[0]),),
+    ),
+    Scenario(
+        "queued-failed-first-zone",
+        "queued resource FAILED in the first zone",
+        "succeeded",
+        0,
+        provisioning="queued",
+        setup=(
+            lambda ctx: ctx.emulator.queued_fails(
+                ZONES[0], count=1, status="RESOURCE_EXHAUSTED", message="No capacity for v2-8 in this zone."
+            ),
+        ),
+        checks=(checks.queued_ran_in(ZONES[1]),),
+        fast=True,
     ),
 )

@@ -346,6 +346,22 @@ class TpuApi:
 
     # -- queued resources -------------------------------------------------------------------------------------
 
+    def create_queued_resource(self, project: str, zone: str, qr_id: str, body: dict[str, Any]) -> str:
+        """Send the create request of a queued resource; returns the name of its long-running operation."""
+        from google.cloud import tpu_v2
+
+        queued = tpu_v2.QueuedResource.from_json(json.dumps(body))
+        operation = self.call(
+            self.client.create_queued_resource,
+            f"create queued resource {qr_id}",
+            project=project,
+            zone=zone,
+            parent=f"projects/{project}/locations/{zone}",
+            queued_resource_id=qr_id,
+            queued_resource=queued,
+        )
+        return str(operation.operation.name)
+
     def delete_queued_resource(self, name: str, *, project: str, zone: str) -> str | None:
         """Delete a queued resource and, with force, the nodes it holds; the operation, or None if already gone."""
         from google.cloud import tpu_v2

@@ -2,7 +2,9 @@
 
 Launch is part of provisioning: the rendered bootstrap (runner/launch/startup-script.sh) travels as the node's
 `startup-script` metadata and runs on every worker at boot. Attach mode runs the same script on an existing node
-over `gcloud compute tpus tpu-vm ssh --worker=all` and never deletes that node.
+over `gcloud compute tpus tpu-vm ssh --worker=all` and never deletes that node. With `provisioning: queued` the
+node is asked for through a queued resource (runner/backends/queued.py), which is then what the handle names and
+what teardown deletes (with force: its node goes with it).
 """
 
 from __future__ import annotations
@@ -69,17 +71,24 @@ class TpuVmHandle:
     created: bool  # False when attached to an existing node: never deleted
     ssh_pid: int | None = None  # attach mode: the `gcloud ... ssh` that runs the bootstrap
     nonce: str | None = None  # the LABEL_NONCE value of a node this run creates
+    queued_resource: str | None = None  # the queued resource (its id) that holds the node: deleted as a whole
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-class _NameTaken(Exception):
-    """A node with this run's node id exists and is not this run's: it gets a new name, never a delete."""
+class NameTaken(Exception):
+    """A node (or queued resource) with this run's id exists and is not this run's: it gets a new name, never a
+    delete."""
 
-    def __init__(self, node_id: str, owner: str, plan: Plan) -> None:
-        super().__init__(f"TPU node {node_id} exists already (run {owner})")
+    def __init__(self, node_id: str, owner: str, *, kind: str = "TPU node") -> None:
+        super().__init__(f"{kind} {node_id} exists already (run {owner})")
         self.new_id = f"{node_id[:58].rstrip('-')}-{secrets.token_hex(2)}"
+
+
+def owned(labels: dict[str, str], handle: TpuVmHandle) -> bool:
+    """Created by this run: labelled by the runner with this submit's nonce."""
+    return labels.get(LABEL_MANAGED) == MANAGED_BY and labels.get(LABEL_NONCE) == handle.nonce
 
 
 def node_request(plan: Plan, zone: str, node_id: str | None = None) -> dict[str, Any]:
@@ -151,7 +160,12 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         rows = [
             ("project", cloud.project),
             ("zones", " -> ".join(cloud.zones) + ("  (tried in order)" if len(cloud.zones) > 1 else "")),
-            ("node", cloud.node_id + ("  (existing: attach, never delete)" if cloud.attach_node else "")),
+            (
+                "node",
+                cloud.node_id
+                + ("  (existing: attach, never delete)" if cloud.attach_node else "")
+                + (f"  (held by queued resource {cloud.node_id})" if cloud.provisioning == "queued" else ""),
+            ),
             ("accelerator", f"{accel.name}: {accel.chips} chips on {accel.hosts} host(s), {kind}"),
             ("runtime", cloud.runtime_version),
             ("job runs on", "every worker" if cloud.trainer_workers == "all" else f"worker {cloud.trainer_workers}"),
@@ -165,6 +179,18 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                     f"{prices['unit']} read {prices['read_on']})",
                 )
             )
+        if cloud.provisioning == "queued":
+            tier = "guaranteed: {}"
+            if acc.spot or acc.reserved:
+                tier = "spot: {}" if acc.spot else "reserved: the node's schedulingConfig"
+            rows.append(
+                (
+                    "provisioning",
+                    f"queued resource ({tier}), waiting up to {cloud.max_wait_s}s for capacity in each zone",
+                )
+            )
+        elif not cloud.attach_node:
+            rows.append(("provisioning", "node (created at once; a stockout moves to the next zone)"))
         rows.append(("teardown", "never (attached node)" if cloud.attach_node else plan.spec.teardown.policy))
         return rows
 
@@ -179,6 +205,10 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                 f"Attach: run the startup script below on every worker of {cloud.node_id} over "
                 "`gcloud compute tpus tpu-vm ssh --worker=all`; the node is never deleted."
             ]
+        elif cloud.provisioning == "queued":
+            from runner.backends.queued import dry_run_request
+
+            parts = dry_run_request(plan)
         else:
             parts = [
                 f"Request: POST /v2/projects/{cloud.project}/locations/{zone}/nodes?nodeId={cloud.node_id}",
@@ -203,6 +233,10 @@ class TpuVmBackend(Backend[TpuVmHandle]):
             handle = self._attach(plan)
             on_handle(handle)
             return handle
+        if cloud.provisioning == "queued":
+            from runner.backends.queued import QueuedResources
+
+            return QueuedResources(self).provision(plan, on_handle)
         give_up_at = time.monotonic() + plan.spec.retries.capacity_wait
         backoff = self.backoff_s
         node_id = cloud.node_id
@@ -212,11 +246,11 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                 try:
                     try:
                         return self._create(plan, zone, node_id, on_handle)
-                    except _NameTaken as taken:
+                    except NameTaken as taken:
                         self.say(f"{taken}: this run's node is named {taken.new_id} instead")
                         node_id = taken.new_id
                         return self._create(plan, zone, node_id, on_handle)
-                except _NameTaken as taken:
+                except NameTaken as taken:
                     raise AlreadyExists(f"{taken}, and so does the new name", hint="submit again") from None
                 except NoCapacity as exc:
                     last = exc
@@ -242,23 +276,22 @@ class TpuVmBackend(Backend[TpuVmHandle]):
             node = self.api.get_node(cloud.project, zone, node_id)
             if node is None or not self._ours(node, handle):
                 owner = dict(node.labels).get(LABEL_RUN, "not a tpu-runner node") if node is not None else "gone"
-                raise _NameTaken(node_id, owner, plan) from None
+                raise NameTaken(node_id, owner) from None
         except BaseException:
             # The request may have gone through before the error (a dropped answer, Ctrl-C): whatever of ours
             # exists is deleted; a node that is not ours is left alone.
-            self._discard(handle)
+            self.discard(handle)
             raise
         try:
             self._wait_ready(handle, operation, deadline=plan.deadline)
             return handle
         except BaseException:
-            self._discard(handle)
+            self.discard(handle)
             raise
 
     @staticmethod
     def _ours(node: Any, handle: TpuVmHandle) -> bool:
-        labels = dict(node.labels)
-        return labels.get(LABEL_MANAGED) == MANAGED_BY and labels.get(LABEL_NONCE) == handle.nonce
+        return owned(dict(node.labels), handle)
 
     def _wait_ready(self, handle: TpuVmHandle, operation: str | None, *, deadline: float) -> None:
         """Until the create operation is done and the node READY, showing each state; polls every second at first,
@@ -298,16 +331,25 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                 )
             time.sleep(min(self.poll_s, 1.0 + (time.monotonic() - t0) / 10))
 
-    def _discard(self, handle: TpuVmHandle) -> None:
-        """Delete what this attempt created, and only that: a node carrying this run's nonce."""
+    def discard(self, handle: TpuVmHandle) -> None:
+        """Delete what this attempt created, and only that: a node (or queued resource) carrying this run's nonce."""
         try:
             with signals_deferred(self.say):  # a second Ctrl-C must not leave the half-created node behind
+                if handle.queued_resource:
+                    from runner.backends import queued
+
+                    qr = self.api.get_queued_resource(
+                        queued.queued_name(handle), project=handle.project, zone=handle.zone
+                    )
+                    if qr is not None and owned(queued.labels_of(qr), handle):
+                        self._delete(handle, announce=True)
+                    return
                 node = self.api.get_node(handle.project, handle.zone, handle.node_id)
                 if node is not None and self._ours(node, handle):
                     self._delete(handle, announce=False)
         except BackendError as exc:
             self.say(
-                f"warning: could not make sure {handle.node_id} in {handle.zone} is deleted: {exc}; "
+                f"warning: could not make sure {self._what(handle)} in {handle.zone} is deleted: {exc}; "
                 "`runner down RUN` or `runner gc` will"
             )
 
@@ -371,6 +413,11 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         return handle_from(TpuVmHandle, data)
 
     def status(self, handle: TpuVmHandle) -> MachineState:
+        if handle.queued_resource:
+            from runner.backends import queued
+
+            where = dict(project=handle.project, zone=handle.zone)
+            return queued.queued_state(self.api.get_queued_resource(queued.queued_name(handle), **where))
         state = machine_state(self.api.get_node(handle.project, handle.zone, handle.node_id))
         if not handle.created and state == MachineState.RUNNING and handle.ssh_pid:
             # Attached: the node stays; the job is over when the ssh session that ran it is.
@@ -385,71 +432,102 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         )
 
     def teardown(self, handle: TpuVmHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Delete the node and confirm it is gone (whoever deleted it: this call, or its VM when the job ended).
-        A second Ctrl-C while waiting for the confirmation stops the wait (the delete request stands)."""
+        """Delete the node (a queued resource's as a whole: the queued resource, with force) and confirm it is gone,
+        whoever deleted it: this call, or its VM when the job ended. A second Ctrl-C while waiting for the
+        confirmation stops the wait (the delete request stands)."""
         if not handle.created:
             self._stop_attached(handle, grace_s)
             return True
         return self._delete(handle, announce=True, wait_s=wait_s)
 
+    @staticmethod
+    def _what(handle: TpuVmHandle) -> str:
+        if handle.queued_resource:
+            return f"queued resource {handle.queued_resource} (with its node)"
+        return f"TPU node {handle.node_id}"
+
+    def _read_state(self, handle: TpuVmHandle) -> str | None:
+        """The state name of what the handle names; None once it is gone."""
+        if handle.queued_resource:
+            from runner.backends import queued
+
+            where = dict(project=handle.project, zone=handle.zone)
+            return queued.state_of(self.api.get_queued_resource(queued.queued_name(handle), **where))
+        node = self.api.get_node(handle.project, handle.zone, handle.node_id)
+        return None if node is None else str(node.state.name)
+
+    def _request_delete(self, handle: TpuVmHandle) -> str | None:
+        if handle.queued_resource:
+            from runner.backends import queued
+
+            where = dict(project=handle.project, zone=handle.zone)
+            return self.api.delete_queued_resource(queued.queued_name(handle), **where)  # force: nodes too
+        return self.api.delete_node(handle.project, handle.zone, handle.node_id)
+
     def _delete(self, handle: TpuVmHandle, *, announce: bool, wait_s: float | None = None) -> bool:
-        """Request the deletion, read its operation, and wait until the node is gone. A failed delete operation
-        is requested again (up to delete_retries) when the failure is transient, else reported at once. A node
-        found DELETING by someone else's request (its VM's own) is watched, and deleted again if that deletion
-        fails and the node comes back. Returns False when the node is still there after wait_s (default
-        delete_timeout_s) or a second interrupt cut the wait short, after saying what is left and how to delete it."""
+        """Request the deletion, read its operation, and wait until it is gone. A failed delete operation is
+        requested again (up to delete_retries) when the failure is transient, else reported at once. What is found
+        DELETING by someone else's request (its VM's own) is watched, and deleted again if that deletion fails and
+        it comes back. Returns False when it is still there after wait_s (default delete_timeout_s) or a second
+        interrupt cut the wait short, after saying what is left and how to delete it."""
         wait_s = self.delete_timeout_s if wait_s is None else wait_s
         t0 = time.monotonic()
         where = dict(project=handle.project, zone=handle.zone)
+        what = self._what(handle)
         operation: str | None = None
         attempts = 0
         announced = False
         while True:
-            node = self.api.get_node(handle.project, handle.zone, handle.node_id)
-            if node is None:
+            state = self._read_state(handle)
+            if state is None:
                 break
-            if operation is None and node.state.name != "DELETING":
+            if operation is None and state != "DELETING":
                 if attempts > self.delete_retries:
                     raise BackendError(
-                        f"node {handle.node_id} came back {node.state.name} after {attempts} deletion(s)",
-                        hint=self._delete_hint(handle),
+                        f"{what} came back {state} after {attempts} deletion(s)", hint=self._delete_hint(handle)
                     )
                 attempts += 1
-                operation = self.api.delete_node(handle.project, handle.zone, handle.node_id)
+                operation = self._request_delete(handle)
                 if announce and not announced:
-                    self.say(f"deleting TPU node {handle.node_id}")
+                    self.say(f"deleting {what}")
                     announced = True
             elif operation is None and not announced:
-                self.say(f"TPU node {handle.node_id} is being deleted already")
+                self.say(f"{what} is being deleted already")
                 announced = True
             if operation is not None:
                 op = self.api.get_operation(operation, **where)
                 if op.failure is not None:
-                    error = explain(op.failure, f"delete TPU node {handle.node_id}", **where)
+                    error = explain(op.failure, f"delete {what}", **where)
                     if not op.failure.transient or attempts > self.delete_retries:
                         raise BackendError(
-                            f"{error.message}; the node is still there", hint=self._delete_hint(handle)
+                            f"{error.message}; it is still there", hint=self._delete_hint(handle)
                         ) from error
-                    self.say(f"deleting {handle.node_id} failed ({op.failure.code}); asking again")
-                    operation = None  # the next round asks again, once the node is out of DELETING
+                    self.say(f"deleting {what} failed ({op.failure.code}); asking again")
+                    operation = None  # the next round asks again, once it is out of DELETING
                 elif op.done:
-                    operation = None  # the API says deleted; the node read confirms it
+                    operation = None  # the API says deleted; the read confirms it
             waited = time.monotonic() - t0
             if hurry.is_set() or waited > wait_s:
                 why = "stopped waiting" if hurry.is_set() else f"still there after {waited:.0f}s"
+                kind = "queued-resources" if handle.queued_resource else "tpu-vm"
                 self.say(
-                    f"{why}: TPU node {handle.node_id} in {handle.zone} is being deleted but may still bill until "
-                    f"it is gone. Check: gcloud compute tpus tpu-vm describe {handle.node_id} --zone={handle.zone}; "
-                    f"{self._delete_hint(handle)} (or `runner gc`)"
+                    f"{why}: {what} in {handle.zone} is being deleted but may still bill until it is gone. "
+                    f"Check: gcloud compute tpus {kind} describe {handle.queued_resource or handle.node_id} "
+                    f"--zone={handle.zone}; {self._delete_hint(handle)} (or `runner gc`)"
                 )
                 return False
             time.sleep(min(self.poll_s, 2.0))
         if announce:
-            self.say(f"TPU node {handle.node_id} is gone ({time.monotonic() - t0:.0f}s)")
+            self.say(f"{what} is gone ({time.monotonic() - t0:.0f}s)")
         return True
 
     @staticmethod
     def _delete_hint(handle: TpuVmHandle) -> str:
+        if handle.queued_resource:
+            return (
+                f"delete it yourself: gcloud compute tpus queued-resources delete {handle.queued_resource} "
+                f"--zone={handle.zone} --project={handle.project} --force"
+            )
         return (
             f"delete it yourself: gcloud compute tpus tpu-vm delete {handle.node_id} --zone={handle.zone} "
             f"--project={handle.project}"

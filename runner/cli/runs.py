@@ -84,24 +84,31 @@ def status(
 def logs(
     run: RunArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
-    worker: Annotated[int, typer.Option(min=0, help="Which worker's log (TPU pod slices have several).")] = 0,
+    worker: Annotated[
+        int | None,
+        typer.Option(min=0, help="Only this worker's log (default: every worker's, each line prefixed on a slice)."),
+    ] = None,
 ) -> None:
     """Print a run's log (the container's output); --follow streams it until the run ends."""
     from runner import contract
     from runner.backends import backend_named
     from runner.errors import UsageError
     from runner.storage import open_storage
+    from runner.watch.follow import LogTail, tail_for, whole_logs
     from runner.watch.follow import follow as follow_run
     from runner.watch.lookup import current_state, resolve, without_bad_handle
 
     record = resolve(run)
     workers = max(record.num_workers, 1)
-    if worker >= workers:  # the upper bound is the run's, so typer's max= cannot say it
+    if worker is not None and worker >= workers:  # the upper bound is the run's, so typer's max= cannot say it
         has = f"{workers} workers, 0 to {workers - 1}" if workers > 1 else "1 worker, worker 0"
         raise UsageError(f"--worker {worker}: run {record.run_id} has {has}")
     storage = open_storage(record.run_dir)
     if not follow:
-        write_output(storage.read_bytes(contract.log_key(worker)) or b"")
+        if worker is None and workers > 1:
+            write_output(whole_logs(storage, workers))
+        else:
+            write_output(storage.read_bytes(contract.log_key(worker or 0)) or b"")
         return
 
     warnings: list[str] = []
@@ -113,8 +120,8 @@ def logs(
         storage,
         write_output,
         num_workers=record.num_workers,
-        worker=worker,
         interval_s=0.5 if storage.is_local else 2.0,
+        tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
         stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
     )
 

@@ -109,7 +109,7 @@ def dry_run_text(plan: Plan, backend: Backend[Any], rows: list[tuple[str, str]])
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import failure_tail, summary_rows
+    from runner.collect.summary import failure_output, summary_rows
     from runner.errors import RunFailed
     from runner.watch.state import RunState
 
@@ -126,9 +126,9 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
-    tail = failure_tail(snapshot)
+    worker, tail = failure_output(snapshot)
     if tail and state == RunState.FAILED:
-        echo(style("last output:", bold=True))
+        echo(style("last output:" if len(snapshot.exits) < 2 else f"last output of worker {worker}:", bold=True))
         for line in tail:
             echo(f"  {line}")
     if state == RunState.CANCELLED:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner import contract
-from runner.watch.rundir import Snapshot, Summary, number
+from runner.watch.rundir import ExitRecord, Snapshot, Summary, number
 from runner.watch.state import RunState
 
 _MAX_USER_ROWS = 20  # a user's summary may be large; the terminal summary shows its first entries
@@ -132,14 +132,26 @@ def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tupl
             + (f"/  (latest: {one_line(checkpoint.split('/')[-1])})" if checkpoint else "/"),
         ),
         ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
-        ("logs", _join(run_dir, contract.log_key(0))),
+        (
+            "logs",
+            _join(run_dir, contract.log_key(0) if len(snapshot.exits) < 2 else f"{contract.LOGS_DIR}/worker-N.log"),
+        ),
     ]
     return rows
 
 
+def first_failure(snapshot: Snapshot) -> ExitRecord | None:
+    """The worker that did not succeed first (by when it ended): on a slice, the others usually only followed it."""
+    failed = [e for e in snapshot.exits if e.state != RunState.SUCCEEDED]
+    return min(failed, key=lambda e: e.finished_at) if failed else None
+
+
+def failure_output(snapshot: Snapshot, lines: int = 15) -> tuple[int | None, list[str]]:
+    """(worker, its last output lines) of the first worker that did not succeed and left some: usually the error
+    itself."""
+    failed = sorted((e for e in snapshot.exits if e.state != RunState.SUCCEEDED), key=lambda e: e.finished_at)
+    return next(((e.worker, e.tail[-lines:]) for e in failed if e.tail), (None, []))
+
+
 def failure_tail(snapshot: Snapshot, lines: int = 15) -> list[str]:
-    """The last output lines of the first worker that did not succeed: usually the error itself."""
-    for exit_ in snapshot.exits:
-        if exit_.state != RunState.SUCCEEDED and exit_.tail:
-            return exit_.tail[-lines:]
-    return []
+    return failure_output(snapshot, lines)[1]

@@ -9,6 +9,8 @@
                    deadline      max_runtime passed: timed_out, whatever the machine does
                    hung          no progress for teardown.hang_timeout: hung
                    down          `runner down` from another shell: cancelled
+                   worker        on a pod slice, one worker's job ended badly, never reported, or its
+                                 heartbeat stopped: the run ends (failed, naming the worker), the slice goes
               -> teardown (per policy) -> finished
 
 The run record (local, and run.json in the run directory) is saved at every transition, so `runner status`,
@@ -40,7 +42,7 @@ from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, sig
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog
-from runner.watch.follow import LogTail, follow
+from runner.watch.follow import follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
@@ -143,12 +145,13 @@ class Run:
         self.plan, self.backend, self.say, self.on_output = plan, backend, say, on_output
         timings = timings or Timings()
         self.poll_s = timings.follow_local_s if plan.storage_is_local else timings.follow_gcs_s
+        self.stale_s = timings.worker_stale_s
         self.grace_s = grace_s
         self.status_every_s = 0.0 if backend.ephemeral else timings.machine_status_every_s
         self.storage = open_storage(plan.run_dir)
         self.record = start_record(plan, self.storage)
         self.events = EventLog(self.storage, "runner")
-        self.tail = LogTail(self.storage)
+        self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
         self.seen: set[tuple[float, str, str]] = set()
         self.handle: Handle | None = None
         self.state = RunState.PENDING
@@ -193,7 +196,7 @@ class Run:
             return handle
 
     def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
-        dog = Watchdog(self.plan, self.backend, handle, status_every_s=self.status_every_s)
+        dog = Watchdog(self.plan, self.backend, handle, status_every_s=self.status_every_s, stale_s=self.stale_s)
         verdict: list[Verdict] = []
 
         def on_event(event: Event) -> None:
@@ -201,9 +204,8 @@ class Run:
             _show_event(event, self.say)
 
         def stop(snapshot: Snapshot) -> bool:
-            beat = snapshot.heartbeat
-            if self.record.state == RunState.STARTING and dog.booted and beat is not None and beat.phase == "running":
-                self._save(state=RunState.RUNNING)  # the job's own heartbeat: now it runs
+            if self.record.state == RunState.STARTING and dog.running(snapshot):
+                self._save(state=RunState.RUNNING)  # every worker's own heartbeat: now it runs
             found = dog.check(snapshot)
             if found is not None:
                 verdict.append(found)
@@ -231,6 +233,8 @@ class Run:
                 f"the machine was up for {self.plan.spec.teardown.boot_timeout}s without a word from its startup "
                 "script (teardown.boot_timeout)"
             )
+        if verdict[0] in (Verdict.WORKER_FAILED, Verdict.WORKER_LOST):
+            self.reason = dog.reason
         return verdict[0], snapshot
 
     def decide(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> RunState:
@@ -275,9 +279,19 @@ class Run:
                 "resumes from its newest checkpoint"
             )
             raise _Retry
-        state = derive_state(
-            snapshot, self.plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
-        )
+        if verdict == Verdict.WORKER_LOST:
+            self.say(f"{self.reason}: ending the run")
+            self.events.emit("worker_lost", reason=self.reason)
+            self.safety_stop = True  # a slice that cannot finish bills for nothing
+            state = RunState.FAILED
+        else:
+            state = derive_state(
+                snapshot, self.plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
+            )
+        if verdict == Verdict.WORKER_FAILED:
+            self.say(f"{self.reason}: ending the run on every worker")
+            self.events.emit("worker_failed", reason=self.reason)
+            self.safety_stop = True  # the other workers cannot finish without it: the slice goes, whatever the policy
         if state == RunState.FAILED and self.failures < retries.failures:
             self.failures += 1
             self.events.emit("retrying_failure", attempt=self.failures)
@@ -309,7 +323,8 @@ class Run:
                 "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
             )
         self.handle = None
-        for info in self.storage.list(contract.EXIT_DIR + "/"):
+        # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words.
+        for info in self.storage.list(contract.EXIT_DIR + "/") + self.storage.list(contract.HEARTBEATS_DIR + "/"):
             self.storage.delete(info.key)
 
     def teardown(self, left_running: bool) -> None:
@@ -336,7 +351,7 @@ class Run:
 
     def settle(self) -> None:
         """The final state: a state decided above stands; one still open is settled by the workers' records."""
-        rest = self.tail.read_new()  # what the job wrote while it was being stopped
+        rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
         if rest:
             self.on_output(rest)
         final = read_snapshot(self.storage)

@@ -3,6 +3,10 @@
 Readiness is the machine's own word (an event from its startup script or its worker), never the API's READY alone:
 a READY node can be silent (tensorflow/tpu#609), and slow creates have been taken for failures (marin#6087). The
 deadlines are the runner's, whatever the machine does: max_runtime, boot_timeout and (opt-in) hang_timeout.
+
+On a pod slice every worker is judged on its own word: each must report (a bootstrap or worker event, or its
+heartbeat) within boot_timeout and keep its heartbeat going, and the first worker whose job ends badly ends the
+run, since the others cannot go on without it (a collective waits for every host).
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import RunnerError
 from runner.plan.planner import Plan
 from runner.watch.events import Event
-from runner.watch.rundir import Snapshot
+from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot
+from runner.watch.state import RunState
 
 log = logging.getLogger(__name__)
 
 # The runner's own hang check backs up the supervisor's (which stops the job at hang_timeout exactly): it acts
 # only this much later, so that it never races the job's own, better-informed stop.
 HANG_SLACK_S = 30.0
+# A worker whose heartbeat has not changed for this long (by the runner's own clock) is lost. The supervisor beats
+# every 10 s, but the upload of its heartbeat can wait behind a large checkpoint's: generous by default.
+STALE_HEARTBEAT_S = 300.0
 
 
 class Verdict(str, Enum):
@@ -33,6 +41,8 @@ class Verdict(str, Enum):
     DEADLINE = "deadline"
     HUNG = "hung"
     DOWN = "down"
+    WORKER_FAILED = "worker_failed"  # one worker's job ended badly while others still run
+    WORKER_LOST = "worker_lost"  # one worker never reported, or its heartbeat stopped
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
@@ -43,22 +53,61 @@ class Watchdog:
     machine must stop and why. Readiness is the machine's own word (an event from its startup script or its
     worker), never the API's READY alone: a READY node can be silent."""
 
-    def __init__(self, plan: Plan, backend: Backend, handle: Handle, *, status_every_s: float) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        handle: Handle,
+        *,
+        status_every_s: float,
+        stale_s: float = STALE_HEARTBEAT_S,
+    ) -> None:
         self.plan, self.backend, self.handle = plan, backend, handle
         self.status_every_s = status_every_s
+        self.stale_s = stale_s
         self.ready_at = time.time()
-        self.booted = False
+        self.reported: set[int] = set()  # workers that said a word: an event, or a heartbeat
         self.down = False
         self.heard_at: float | None = None
+        self.reason: str | None = None  # why a worker verdict was given, naming the worker
         self._asked_at = float("-inf")
         self._gone = False
+        self._beats: dict[int, tuple[float, float]] = {}  # worker -> (its heartbeat's time, when that was first seen)
+
+    @property
+    def booted(self) -> bool:
+        return bool(self.reported)
 
     def on_event(self, event: Event) -> None:
-        if event.source.startswith(("bootstrap-", "worker-")) and not self.booted:
-            self.booted = True
-            self.heard_at = time.time()
+        source, _, worker = event.source.rpartition("-")
+        if source in ("bootstrap", "worker") and worker.isdigit():
+            if not self.booted:
+                self.heard_at = time.time()
+            self.reported.add(int(worker))
         if event.event == "down_requested":
             self.down = True
+
+    @staticmethod
+    def beats(snapshot: Snapshot) -> dict[int, Heartbeat]:
+        """Each worker's heartbeat (worker 0's run heartbeat stands in for a supervisor that writes only that)."""
+        if snapshot.heartbeats:
+            return snapshot.heartbeats
+        return {0: snapshot.heartbeat} if snapshot.heartbeat is not None else {}
+
+    def running(self, snapshot: Snapshot) -> bool:
+        """Every worker's own heartbeat says its job runs (or ran: a worker may finish before another starts):
+        the run is RUNNING."""
+        beats = self.beats(snapshot)
+        return self.booted and all(
+            (beat := beats.get(w)) is not None and beat.phase in ("running", "exited")
+            for w in range(self.plan.num_workers)
+        )
+
+    def _note_heartbeats(self, snapshot: Snapshot, now: float) -> None:
+        for worker, beat in self.beats(snapshot).items():
+            if self._beats.get(worker, (None,))[0] != beat.time:
+                self._beats[worker] = (beat.time, now)
+            self.reported.add(worker)
 
     def machine_gone(self) -> bool:
         """Asks the backend at most every status_every_s; an API error is not an answer."""
@@ -72,26 +121,62 @@ class Watchdog:
         return self._gone
 
     def hung_for(self, snapshot: Snapshot) -> float | None:
-        """Seconds the job's progress has stood still, by the machine's own clock, once past hang_timeout."""
+        """Seconds the job's progress has stood still on some worker, by the machine's own clock, once past
+        hang_timeout."""
         timeout = self.plan.spec.teardown.hang_timeout
-        beat = snapshot.heartbeat
-        if not timeout or beat is None or beat.phase == "exited" or beat.progress_at is None:
+        if not timeout:
             return None
-        still = beat.time - beat.progress_at
-        return still if still > timeout + HANG_SLACK_S else None
+        still = [
+            beat.time - beat.progress_at
+            for beat in self.beats(snapshot).values()
+            if beat.phase != "exited" and beat.progress_at is not None
+        ]
+        longest = max(still, default=0.0)
+        return longest if longest > timeout + HANG_SLACK_S else None
+
+    def first_failure(self, snapshot: Snapshot) -> ExitRecord | None:
+        """The worker whose job ended badly first (by its own clock), or None."""
+        failed = [e for e in snapshot.exits if e.state != RunState.SUCCEEDED]
+        return min(failed, key=lambda e: e.finished_at) if failed else None
+
+    def lost_worker(self, snapshot: Snapshot, now: float) -> str | None:
+        """Why a worker that has not exited counts as lost (naming it), or None: no word within boot_timeout while
+        other workers reported, or a heartbeat that stopped for stale_s."""
+        exited = {e.worker for e in snapshot.exits}
+        boot_timeout = self.plan.spec.teardown.boot_timeout
+        for worker in range(self.plan.num_workers):
+            if worker in exited:
+                continue
+            seen = self._beats.get(worker)
+            if worker not in self.reported and self.booted and now - self.ready_at > boot_timeout:
+                limit = f"teardown.boot_timeout ({boot_timeout}s)"
+                return f"worker {worker} sent no word within {limit} of the slice being up"
+            beat = self.beats(snapshot).get(worker)
+            if seen is not None and beat is not None and beat.phase != "exited" and now - seen[1] > self.stale_s:
+                return f"worker {worker}'s heartbeat stopped: it has not changed for {now - seen[1]:.0f}s"
+        return None
 
     def check(self, snapshot: Snapshot) -> Verdict | None:
         if len(snapshot.exits) >= self.plan.num_workers:
             return Verdict.FINISHED
         if self.down:
             return Verdict.DOWN
+        if self.plan.num_workers > 1 and (failed := self.first_failure(snapshot)) is not None:
+            self.reason = f"worker {failed.worker} {failed.state} first (exit code {failed.exit_code})" + (
+                f": {failed.error}" if failed.error else ""
+            )
+            return Verdict.WORKER_FAILED
         now = time.time()
         if now > self.plan.deadline:
             return Verdict.DEADLINE
+        self._note_heartbeats(snapshot, now)
         if not self.booted and now - self.ready_at > self.plan.spec.teardown.boot_timeout:
             return Verdict.SILENT
         if self.hung_for(snapshot) is not None:
             return Verdict.HUNG
         if self.machine_gone():
             return Verdict.MACHINE_GONE
+        if self.plan.num_workers > 1 and (lost := self.lost_worker(snapshot, now)) is not None:
+            self.reason = lost
+            return Verdict.WORKER_LOST
         return None

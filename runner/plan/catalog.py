@@ -41,6 +41,7 @@ class Generation:
     tf_family: str  # the chip-family suffix of its TensorFlow >= 2.18 runtimes
     api_type: str  # AcceleratorConfig.Type (V5LITE_POD, ...)
     quota_prefix: str  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
+    provisioning: str | None = None  # "node" | "queued" when a source says this generation needs one; None: by hosts
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,13 @@ class AcceleratorType:
     def runtime_ok(self, runtime: str) -> bool:
         return self.runtime_problem(runtime) is None
 
+    @property
+    def provisioning(self) -> str:
+        """What `accelerator.provisioning: auto` means for this type: the generation's own rule when the catalog
+        documents one, else a queued resource for a multi-host slice (the queue waits out a stockout of many hosts
+        at once, and Cloud TPU's own multi-host guides create slices that way) and a node otherwise."""
+        return self.generation.provisioning or ("queued" if self.multi_host else "node")
+
 
 @functools.cache
 def _raw() -> dict[str, Any]:
@@ -113,6 +121,7 @@ def generations() -> dict[str, Generation]:
             tf_family=g["tf_family"],
             api_type=g["api_type"],
             quota_prefix=g["quota_prefix"],
+            provisioning=g.get("provisioning"),
         )
     return out
 

@@ -37,6 +37,8 @@ class CloudTarget:
     trainer_workers: str  # "0": TensorFlow runs on worker 0 (other hosts serve the TPU runtime); "all"
     price_per_hour: float
     warnings: tuple[str, ...] = ()  # what the plan lets through but the user should know (runner.plan.compat)
+    provisioning: str = "node"  # "node": create the node; "queued": a queued resource that waits for capacity
+    max_wait_s: int = 0  # queued: how long it may wait in each zone (its validUntilDuration)
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,18 @@ def resolve_cloud_target(
     # every worker.
     tensorflow = spec.training is not None and spec.training.framework == "tensorflow"
     trainer_workers = "0" if tensorflow and accel.multi_host else "all"
+    provisioning = accel.provisioning if acc.provisioning == "auto" else acc.provisioning
+    if acc.node:
+        provisioning = "node"  # attached: nothing is created
+    warnings = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
+    if acc.max_wait is not None and provisioning == "node":
+        warnings.append(
+            f"accelerator.max_wait applies to queued resources; {accel.name} gets a node (provisioning auto)"
+        )
+    if provisioning == "queued" and spec.retries.capacity_wait:
+        warnings.append("retries.capacity_wait applies to nodes; a queued resource waits max_wait in each zone instead")
+    # A queued resource never waits past the run's deadline, even when the runner that asked for it is gone.
+    max_wait = min(acc.max_wait or spec.teardown.max_runtime, spec.teardown.max_runtime)
     return CloudTarget(
         project=project,
         zones=tuple(offered) if offered else zones,
@@ -208,7 +222,9 @@ def resolve_cloud_target(
         attach_node=acc.node,
         trainer_workers=trainer_workers,
         price_per_hour=accel.price_per_hour(spot=acc.spot),
-        warnings=tuple(f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error),
+        warnings=tuple(warnings),
+        provisioning=provisioning,
+        max_wait_s=max_wait,
     )
 
 

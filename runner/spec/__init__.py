@@ -112,6 +112,21 @@ class AcceleratorSpec(_Model):
         None,
         description="Service account the TPU VM runs as (pulls the image, writes the run directory).",
     )
+    provisioning: Literal["auto", "node", "queued"] = Field(
+        "auto",
+        description="How the TPU VM is asked for: node (create it, fail over to the next zone on a stockout), "
+        "queued (a queued resource that waits in each zone's queue for capacity, up to max_wait), or auto: queued "
+        "for multi-host slices, node otherwise.",
+    )
+    max_wait: int | None = Field(
+        None,
+        ge=10,
+        le=7 * 86_400,
+        description="How long a queued resource may wait for capacity in each zone ('2h'): its valid-until "
+        "duration, and the runner's own bound. Then the next zone is tried. Default: until the run's max_runtime.",
+    )
+
+    _parse_max_wait = field_validator("max_wait", mode="before")(parse_duration)
 
     @model_validator(mode="after")
     def _consistent(self) -> AcceleratorSpec:
@@ -123,6 +138,10 @@ class AcceleratorSpec(_Model):
             raise ValueError("`node` attaches to an existing TPU VM; `spot` and `reserved` only apply to new ones")
         if len(set(self.zones)) != len(self.zones):
             raise ValueError("`zones` lists a zone twice")
+        if self.node and self.provisioning == "queued":
+            raise ValueError("`node` attaches to an existing TPU VM; `provisioning: queued` only applies to new ones")
+        if self.max_wait is not None and (self.node or self.provisioning == "node"):
+            raise ValueError("`max_wait` bounds the wait of a queued resource: it needs provisioning queued or auto")
         return self
 
     @property

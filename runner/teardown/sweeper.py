@@ -4,7 +4,8 @@ Three layers keep a TPU from idling on the bill (DESIGN.md): the submitting runn
 `finally` in runner.lifecycle), the VM deletes its own node when the job ends (runner/launch/startup-script.sh), and
 this sweeper finds runner-labelled nodes and queued resources that both missed (a runner killed while creating, a VM
 whose delete call failed) and deletes them. It only ever touches resources labelled managed-by=tpu-runner, tries
-every one even when some fail, and never asks twice for a deletion already under way.
+every one even when some fail, and never asks twice for a deletion already under way. A queued resource is judged
+and deleted as a whole (with force: its node goes with it); its node is never deleted on its own.
 """
 
 from __future__ import annotations
@@ -82,33 +83,47 @@ def _orphaned_run(run_dir: str, age_s: float, now: float) -> str | None:
     return None
 
 
+def _past_or_ended(labels: dict[str, str], now: float, ended_runs: dict[str, str] | None) -> str | None:
+    run_id = labels.get(LABEL_RUN)
+    if labels.get(LABEL_DEADLINE, "").isdigit() and now > int(labels[LABEL_DEADLINE]):
+        return "its deadline (max_runtime) has passed"
+    if run_id and ended_runs and run_id in ended_runs:
+        return f"its run ended ({ended_runs[run_id]}) on this machine"
+    return None
+
+
 def classify_node(node: Any, zone: str, now: float, ended_runs: dict[str, str] | None = None) -> Leftover:
     """Any live state is judged (a node a killed runner left CREATING comes up and is judged like any other)."""
     labels = dict(node.labels)
     created = _seconds(node.create_time) or now
     age = now - created
     state = node.state.name
-    run_id = labels.get(LABEL_RUN)
-    reason: str | None = None
     if state in _DEAD_NODE_STATES:
-        reason = f"it is {state} and can never run the job again"
-    elif labels.get(LABEL_DEADLINE, "").isdigit() and now > int(labels[LABEL_DEADLINE]):
-        reason = "its deadline (max_runtime) has passed"
-    elif run_id and ended_runs and run_id in ended_runs:
-        reason = f"its run ended ({ended_runs[run_id]}) on this machine"
-    elif state not in _GOING and (run_dir := dict(node.metadata).get(contract.RUN_DIR_METADATA)):
-        reason = _orphaned_run(run_dir, age, now)
-    return Leftover("node", node.name, zone, state, run_id, age, reason)
+        reason: str | None = f"it is {state} and can never run the job again"
+    else:
+        reason = _past_or_ended(labels, now, ended_runs)
+        run_dir = dict(node.metadata).get(contract.RUN_DIR_METADATA)
+        if reason is None and state not in _GOING and run_dir:
+            reason = _orphaned_run(run_dir, age, now)
+    return Leftover("node", node.name, zone, state, labels.get(LABEL_RUN), age, reason)
 
 
-def classify_queued(qr: Any, zone: str, now: float) -> Leftover | None:
+def classify_queued(qr: Any, zone: str, now: float, ended_runs: dict[str, str] | None = None) -> Leftover | None:
+    """Like a node: FAILED and SUSPENDED ones never provision; any other is a leftover once its run's deadline has
+    passed or its run ended, and an ACTIVE one once its run directory says its job is over or silent."""
     specs = list(qr.tpu.node_spec) if qr.tpu else []
     labels = dict(specs[0].node.labels) if specs else {}
     if labels.get(LABEL_MANAGED) != MANAGED_BY:
         return None
     state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
     age = now - (_seconds(qr.create_time) or now)
-    reason = f"it is {state}: it will never provision" if state in _DEAD_QUEUED_STATES else None
+    if state in _DEAD_QUEUED_STATES:
+        reason: str | None = f"it is {state}: it will never provision"
+    else:
+        reason = _past_or_ended(labels, now, ended_runs)
+        run_dir = dict(specs[0].node.metadata).get(contract.RUN_DIR_METADATA)
+        if reason is None and state == "ACTIVE" and run_dir:
+            reason = _orphaned_run(run_dir, age, now)
     return Leftover("queued resource", qr.name, zone, state, labels.get(LABEL_RUN), age, reason)
 
 
@@ -131,13 +146,18 @@ class Sweeper:
         now = now or time.time()
         found: list[Leftover] = []
         for zone in self.zones:
+            queued = [
+                leftover
+                for qr in self.api.list_queued_resources(self.project, zone)
+                if (leftover := classify_queued(qr, zone, now, self.ended_runs)) is not None
+            ]
+            held = {q.name for q in queued}
             for node in self.api.list_nodes(self.project, zone):
+                if node.queued_resource in held:
+                    continue  # judged, and deleted, with its queued resource
                 if dict(node.labels).get(LABEL_MANAGED) == MANAGED_BY:
                     found.append(classify_node(node, zone, now, self.ended_runs))
-            for qr in self.api.list_queued_resources(self.project, zone):
-                leftover = classify_queued(qr, zone, now)
-                if leftover:
-                    found.append(leftover)
+            found += queued
         return found
 
     def _request(self, leftover: Leftover) -> str | None:

@@ -23,10 +23,44 @@ class LogTail:
         self.key = contract.log_key(worker)
         self.offset = offset
 
-    def read_new(self) -> bytes:
+    def read_new(self, *, flush: bool = False) -> bytes:
+        """What was written since the last read (`flush`: for LogTails' sake; a single log is passed on as it is)."""
         data = self.run_dir.read_bytes(self.key, start=self.offset) or b""
         self.offset += len(data)
         return data
+
+
+def prefix(worker: int) -> bytes:
+    return f"[worker {worker}] ".encode()
+
+
+class LogTails:
+    """Every worker's log, each line prefixed with its worker ("[worker 2] ..."); a line still being written is held
+    back until it is complete (or `flush`), so that the workers' lines never run into each other."""
+
+    def __init__(self, run_dir: Storage, workers: int) -> None:
+        self.tails = [LogTail(run_dir, w) for w in range(workers)]
+        self.partial = [b""] * workers
+
+    def read_new(self, *, flush: bool = False) -> bytes:
+        out = []
+        for worker, tail in enumerate(self.tails):
+            *lines, self.partial[worker] = (self.partial[worker] + tail.read_new()).split(b"\n")
+            if flush and self.partial[worker]:
+                lines.append(self.partial[worker])
+                self.partial[worker] = b""
+            out += [prefix(worker) + line + b"\n" for line in lines]
+        return b"".join(out)
+
+
+def whole_logs(run_dir: Storage, workers: int) -> bytes:
+    """Every worker's whole log, one after the other, each line prefixed with its worker."""
+    return LogTails(run_dir, workers).read_new(flush=True)
+
+
+def tail_for(run_dir: Storage, workers: int) -> LogTail | LogTails:
+    """What to follow of a run: worker 0's log as it is on one host; every worker's, prefixed, on a slice."""
+    return LogTails(run_dir, workers) if workers > 1 else LogTail(run_dir)
 
 
 def follow(
@@ -38,12 +72,13 @@ def follow(
     interval_s: float = 1.0,
     stop: Callable[[Snapshot], bool] | None = None,
     machine_gone: Callable[[], bool] | None = None,
-    tail: LogTail | None = None,
+    tail: LogTail | LogTails | None = None,
     on_event: Callable[[Event], None] | None = None,
     seen_events: set[tuple[float, str, str]] | None = None,
 ) -> Snapshot:
-    """Stream `worker`'s log until every worker has an exit record, `stop(snapshot)` says so, or the machine is
-    gone (then one last read catches what it wrote before it went). Returns the last snapshot."""
+    """Stream `worker`'s log (or what `tail` reads: every worker's, LogTails) until every worker has an exit
+    record, `stop(snapshot)` says so, or the machine is gone (then one last read catches what it wrote before it
+    went). Returns the last snapshot."""
     tail = tail or LogTail(run_dir, worker)
     seen = seen_events if seen_events is not None else set()
 
@@ -68,7 +103,7 @@ def follow(
             done = True
         if done:
             new_events()
-            chunk = tail.read_new()
+            chunk = tail.read_new(flush=True)
             if chunk:
                 on_output(chunk)
             return snapshot

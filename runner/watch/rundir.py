@@ -3,6 +3,7 @@
     file                record        written by                                        read by
     exit/worker-N.json  ExitRecord    supervisor; the bootstrap (bash, write_exit)     runner, status, gc
     heartbeat           Heartbeat     supervisor (worker 0)                             runner, status, gc
+    heartbeats/worker-N Heartbeat     supervisor (worker N)                             runner (each worker's word)
     progress.json       Progress      the trainer, or user code                         supervisor (hang), status
     summary.json        Summary       the trainer, or user code in any shape            submit, status, list
     metrics.jsonl       dict per line the trainer, or user code                         status
@@ -128,8 +129,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """heartbeat: the supervisor of worker 0 says it is alive, what phase the job is in, and when the job's
-    progress last advanced (by the VM's own clock, like `time`)."""
+    """heartbeats/worker-N.json: the supervisor of worker N says it is alive, what phase the job is in, and when
+    the job's progress last advanced (by the VM's own clock, like `time`); `heartbeat` is worker 0's, the run's."""
 
     time: float
     phase: str = "running"  # starting | running | exited
@@ -269,6 +270,7 @@ class Snapshot:
     summary: Summary | None
     problems: list[str] = field(default_factory=list)
     progress: Progress | None = None
+    heartbeats: dict[int, Heartbeat] = field(default_factory=dict)  # worker -> its own heartbeat
 
     @property
     def heartbeat_age_s(self) -> float | None:
@@ -349,6 +351,13 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True) -> Snapshot:
         data = run_dir.read_bytes(contract.METRICS) or b""
         metrics = parse_jsonl(data, where(run_dir, contract.METRICS), problems, lambda raw: raw)
     beat = read_record(run_dir, contract.HEARTBEAT, Heartbeat.from_json, problems)
+    beats: dict[int, Heartbeat] = {}
+    for info in run_dir.list(contract.HEARTBEATS_DIR + "/"):
+        worker = info.key.removeprefix(contract.HEARTBEATS_DIR + "/worker-").removesuffix(".json")
+        if worker.isdigit() and info.key == contract.heartbeat_key(int(worker)):  # the file names the worker
+            found_beat = read_record(run_dir, info.key, Heartbeat.from_json, problems)
+            if found_beat is not None:
+                beats[int(worker)] = found_beat
     return Snapshot(
         sorted(exits, key=lambda e: e.worker),
         beat,
@@ -356,4 +365,5 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True) -> Snapshot:
         read_record(run_dir, contract.SUMMARY, Summary.from_json, problems),
         problems,
         beat.progress if beat else None,
+        beats,
     )

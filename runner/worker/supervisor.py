@@ -133,8 +133,7 @@ class Supervisor:
         return reported
 
     def heartbeat(self, phase: str) -> None:
-        if self.worker != 0:
-            return
+        """Every worker's own (the runner's readiness and liveness of each host); worker 0's is also the run's."""
         beat = Heartbeat(
             time=now(),
             phase=phase,
@@ -145,7 +144,10 @@ class Supervisor:
             progress=self.progress(),
             progress_at=round(self.progress_at, 3),
         )
-        self.local.write_bytes(contract.HEARTBEAT, json.dumps(beat.to_json()).encode())
+        data = json.dumps(beat.to_json()).encode()
+        self.local.write_bytes(contract.heartbeat_key(self.worker), data)
+        if self.worker == 0:
+            self.local.write_bytes(contract.HEARTBEAT, data)
 
     def push(self) -> None:
         if self.mirror is None:

@@ -196,3 +196,28 @@ def test_queued_resource_fails_when_valid_until_passes(client: tpu_v2.TpuClient,
         client.create_queued_resource(
             parent=PARENT, queued_resource_id="qr4", queued_resource={"tpu": {"node_spec": [spec]}}
         )
+
+
+def test_the_queued_fails_fault_fails_a_waiting_request_with_its_reason(
+    client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator
+) -> None:
+    tpu_emulator.queued_fails(ZONE, count=1, status="FAILED_PRECONDITION", message="Reservation r has no room.")
+    op = client.create_queued_resource(parent=PARENT, queued_resource_id="qf", queued_resource=queued_resource("qfn"))
+    name = f"{PARENT}/queuedResources/qf"
+    assert op.result(polling=FAST).state.state.name == "WAITING_FOR_RESOURCES"  # it fails later, with time
+    wait_for(lambda: qr_state(client, name) == "FAILED")
+    state = client.get_queued_resource(name=name).state
+    assert state.failed_data.error.code == 9 and state.failed_data.error.message == "Reservation r has no room."
+    assert state.state_initiator == tpu_v2.QueuedResourceState.StateInitiator.SERVICE
+    assert list(client.list_nodes(parent=PARENT)) == []
+    time.sleep(0.3)
+    assert qr_state(client, name) == "FAILED"  # it stays until deleted
+    client.delete_queued_resource(name=name).result(polling=FAST)
+    # The fault was used up: the next request provisions.
+    client.create_queued_resource(parent=PARENT, queued_resource_id="qg", queued_resource=queued_resource("qgn"))
+    wait_for(lambda: qr_state(client, f"{PARENT}/queuedResources/qg") == "ACTIVE")
+    # The capacity tier is a oneof: spot and guaranteed at once are refused, as the real API's parser does.
+    url = f"{tpu_emulator.endpoint}/v2/{PARENT}/queuedResources?queuedResourceId=qt"
+    spec = {"parent": PARENT, "nodeId": "qtn", "node": {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME}}
+    status, answer = http("POST", url, {"tpu": {"nodeSpec": [spec]}, "spot": {}, "guaranteed": {}})
+    assert status == 400 and "oneof" in answer["error"]["message"], answer

@@ -110,6 +110,73 @@ def test_down_from_another_shell_and_a_vanished_machine(tmp_path: Path) -> None:
     assert dog.check(snapshot()) == Verdict.DOWN
 
 
+def pod(tmp_path: Path, teardown: str = "boot_timeout: 10", workers: int = 4, **kwargs: Any) -> Watchdog:
+    """A Watchdog of a slice of `workers` hosts that all run the job."""
+    plan = dataclasses.replace(plan_with(tmp_path, teardown), num_workers=workers)
+    return Watchdog(plan, Machine(), None, status_every_s=3600, **kwargs)
+
+
+def beats(*workers: int, at: float | None = None, phase: str = "running") -> dict[int, Heartbeat]:
+    stamp = time.time() if at is None else at
+    return {w: Heartbeat(time=stamp, phase=phase, worker=w) for w in workers}
+
+
+def test_a_slice_runs_once_every_worker_beats_and_finishes_only_when_all_exit(tmp_path: Path) -> None:
+    dog = pod(tmp_path)
+    dog.on_event(event("bootstrap-0", "bootstrap_started"))
+    three = Snapshot([], None, [], None, heartbeats=beats(0, 1, 2))
+    assert not dog.running(three) and dog.check(three) is None
+    four = dataclasses.replace(three, heartbeats=beats(0, 1, 2, 3))
+    assert dog.running(four)
+    done = [ExitRecord(w, RunState.SUCCEEDED, 0, time.time()) for w in range(3)]
+    assert dog.check(dataclasses.replace(four, exits=done)) is None  # worker 3 still works
+    all_done = [*done, ExitRecord(3, RunState.SUCCEEDED, 0, time.time())]
+    assert dog.check(dataclasses.replace(four, exits=all_done)) == Verdict.FINISHED
+
+
+def test_the_first_worker_to_fail_ends_the_slice_and_is_named(tmp_path: Path) -> None:
+    dog = pod(tmp_path)
+    now = time.time()
+    exits = [
+        ExitRecord(3, RunState.FAILED, 1, now - 1, error="collective timed out"),  # a consequence...
+        ExitRecord(1, RunState.FAILED, 137, now - 5, error="killed (out of memory?)"),  # ...of this one
+        ExitRecord(0, RunState.SUCCEEDED, 0, now - 9),
+    ]
+    assert dog.check(Snapshot(exits, None, [], None)) == Verdict.WORKER_FAILED
+    assert dog.reason == "worker 1 failed first (exit code 137): killed (out of memory?)"
+    single = Watchdog(plan_with(tmp_path, "boot_timeout: 10"), Machine(), None, status_every_s=3600)
+    one = [ExitRecord(0, RunState.FAILED, 1, now)]
+    assert single.check(Snapshot(one, None, [], None)) == Verdict.FINISHED  # one host: its exit is the end
+
+
+def test_a_worker_that_never_reports_is_lost_after_boot_timeout(tmp_path: Path) -> None:
+    dog = pod(tmp_path)
+    for w in (0, 1, 3):
+        dog.on_event(event(f"bootstrap-{w}", "bootstrap_started"))
+    snap = Snapshot([], None, [], None, heartbeats=beats(0, 1, 3))
+    assert dog.check(snap) is None
+    dog.ready_at -= 11
+    assert dog.check(snap) == Verdict.WORKER_LOST
+    assert dog.reason == "worker 2 sent no word within teardown.boot_timeout (10s) of the slice being up"
+    silent = pod(tmp_path)  # no worker at all: the whole slice is silent (replaced once), not one worker lost
+    silent.ready_at -= 11
+    assert silent.check(Snapshot([], None, [], None)) == Verdict.SILENT
+
+
+def test_a_worker_whose_heartbeat_stops_is_lost_by_the_runners_clock(tmp_path: Path) -> None:
+    dog = pod(tmp_path, workers=2, stale_s=60)
+    dog.on_event(event("worker-0", "worker_started"))
+    frozen = beats(1, at=time.time() - 3600)[1]  # the VM's clock may be anything: only change counts
+    assert dog.check(Snapshot([], None, [], None, heartbeats={**beats(0), 1: frozen})) is None
+    dog._beats = {w: (t, seen - 61) for w, (t, seen) in dog._beats.items()}  # 61 s later, by the runner's clock
+    later = beats(0, at=time.time() + 10)
+    moving = Snapshot([], None, [], None, heartbeats={**later, 1: frozen})  # worker 0's changed, 1's did not
+    assert dog.check(moving) == Verdict.WORKER_LOST
+    assert dog.reason is not None and dog.reason.startswith("worker 1's heartbeat stopped")
+    exited = Snapshot([ExitRecord(1, RunState.SUCCEEDED, 0, time.time())], None, [], None, heartbeats=moving.heartbeats)
+    assert dog.check(exited) is None  # a worker that finished is not lost
+
+
 @pytest.mark.parametrize(
     ("policy", "state", "delete"),
     [

@@ -113,6 +113,45 @@ def test_multi_host_tensorflow_runs_on_worker_zero_of_a_pod_runtime() -> None:
     assert custom.cloud is not None and custom.cloud.trainer_workers == "all" and custom.num_workers == 4
 
 
+def test_provisioning_auto_queues_multi_host_slices_and_bounds_the_wait() -> None:
+    single = plan(spec())
+    assert single.cloud is not None and single.cloud.provisioning == "node"
+    pod = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", training=None, command=["python", "x.py"]))
+    assert pod.cloud is not None and pod.cloud.provisioning == "queued"
+    assert pod.cloud.max_wait_s == pod.spec.teardown.max_runtime  # never waits past the run's own deadline
+    queued = plan(spec(acc_provisioning="queued", acc_max_wait="2h", teardown={"max_runtime": "1h"}))
+    assert queued.cloud is not None and queued.cloud.provisioning == "queued" and queued.cloud.max_wait_s == 3600
+    forced = plan(
+        spec(acc_type="v4-32", acc_zone="us-central2-b", acc_provisioning="node", command=["x"], training=None)
+    )
+    assert forced.cloud is not None and forced.cloud.provisioning == "node"
+    attached = plan(spec(acc_node="my-existing-vm"))
+    assert attached.cloud is not None and attached.cloud.provisioning == "node"
+
+
+def test_queued_resource_request_body() -> None:
+    from google.cloud import tpu_v2
+
+    from runner.backends.queued import queued_request
+
+    p = plan(spec(acc_provisioning="queued", acc_spot=True, acc_max_wait="30m"))
+    body = queued_request(p, "us-west4-a", p.run_id)
+    assert body["spot"] == {} and "guaranteed" not in body
+    assert body["queueingPolicy"] == {"validUntilDuration": "1800s"}
+    (node_spec,) = body["tpu"]["nodeSpec"]
+    assert node_spec["parent"] == "projects/my-project/locations/us-west4-a" and node_spec["nodeId"] == p.run_id
+    assert node_spec["node"]["labels"]["tpu-runner-nonce"] == p.nonce  # the same Node a direct create sends
+    assert node_spec["node"]["schedulingConfig"] == {}  # the tier is the queued resource's: `spot: {}`
+    qr = tpu_v2.QueuedResource.from_json(json.dumps(body))  # what the client sends, without loss
+    assert "spot" in qr and qr.queueing_policy.valid_until_duration.seconds == 1800
+    on_demand = queued_request(plan(spec(acc_provisioning="queued")), "us-west4-a", "x")
+    assert on_demand["guaranteed"] == {} and "spot" not in on_demand
+    reserved = queued_request(plan(spec(acc_provisioning="queued", acc_reserved=True)), "us-west4-a", "x")
+    assert "guaranteed" not in reserved and reserved["tpu"]["nodeSpec"][0]["node"]["schedulingConfig"] == {
+        "reserved": True
+    }
+
+
 def test_node_request_body() -> None:
     p = plan(spec(acc_spot=True, acc_service_account="tpu-vm@my-project.iam.gserviceaccount.com"))
     body = node_request(p, "us-west4-a")
@@ -138,13 +177,25 @@ def test_attach_mode_creates_nothing() -> None:
     assert "never delete" in rows["node"] and "est. cost" not in rows
 
 
-def test_dry_run_golden() -> None:
-    """The whole dry run of the default job, byte for byte (UPDATE_GOLDEN=1 pytest tests/plan regenerates it)."""
+@pytest.mark.parametrize(
+    ("golden", "overrides"),
+    [
+        ("dry_run_mnist.txt", {}),
+        # A v4-32 is queued by default (provisioning: auto): the exact QueuedResource request is shown.
+        ("dry_run_pod_queued.txt", {"type": "v4-32", "zones": ["us-central2-b"], "spot": True, "max_wait": "2h"}),
+    ],
+)
+def test_dry_run_golden(golden: str, overrides: dict[str, object]) -> None:
+    """The whole dry run, byte for byte (UPDATE_GOLDEN=1 pytest tests/plan regenerates it)."""
     import os
 
     from runner.cli.submit import dry_run_text
 
     s = load_spec(REPO / "jobs" / "mnist.yaml")
+    if overrides:  # a custom command: it runs on every worker of the slice
+        accelerator = {**s.accelerator.model_dump(exclude_none=True, exclude={"zones"}), **overrides}
+        s = s.model_copy(update={"training": None, "command": ["python", "train.py"]})
+        s = JobSpec.model_validate({**s.model_dump(exclude_none=True), "accelerator": accelerator})
     p = plan_cloud(
         s,
         "jobs/mnist.yaml",
@@ -158,10 +209,11 @@ def test_dry_run_golden() -> None:
     backend = TpuVmBackend(api=object())  # type: ignore[arg-type]  # a dry run never touches the API
     rows = [("run", p.run_id), ("backend", p.backend), *backend.describe(p), ("run directory", p.run_dir)]
     text = dry_run_text(p, backend, rows) + "\n"
+    path = GOLDEN.parent / golden
     if os.environ.get("UPDATE_GOLDEN"):
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
 
 
 def test_dry_run_cli_needs_no_credentials_or_network(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,3 +124,92 @@ def test_down_stops_a_detached_run_and_deletes_its_node(api: TpuApi, tpu_emulato
     assert json.loads(status.output)["state"] == "cancelled"
     again = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
     assert again.exit_code == 0  # idempotent
+
+
+def make_queued(api: TpuApi, qr_id: str, *, labels: dict[str, str], run_dir: str | None = None) -> str:
+    node = {
+        "acceleratorType": "v2-8",
+        "runtimeVersion": "tpu-ubuntu2204-base",
+        "labels": labels,
+        "metadata": {"tpu-runner-run-dir": run_dir} if run_dir else {},
+    }
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
+    body = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": qr_id, "node": node}]}, "guaranteed": {}}
+    api.create_queued_resource(PROJECT, ZONE, qr_id, body)
+    return f"{parent}/queuedResources/{qr_id}"
+
+
+def wait_state(api: TpuApi, name: str, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while (qr := api.get_queued_resource(name, project=PROJECT, zone=ZONE)) is None or qr.state.state.name != state:
+        assert time.monotonic() < deadline, f"{name} never became {state}"
+        time.sleep(0.1)
+
+
+def test_gc_deletes_leftover_queued_resources_with_force_and_never_their_nodes_alone(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+    managed = {"managed-by": "tpu-runner"}
+    now = int(time.time())
+    busy = run_dir_with({"run.json": b'{"num_workers": 1}', "heartbeat": json.dumps({"time": now}).encode()})
+    finished = run_dir_with({"run.json": b'{"num_workers": 1}', "exit/worker-0.json": b'{"state": "succeeded"}'})
+    tpu_emulator.queued_fails(ZONE, count=1, status="RESOURCE_EXHAUSTED", message="No capacity for v2-8.")
+    failed = make_queued(api, "qr-failed", labels={**managed, "tpu-runner-run": "a"})
+    wait_state(api, failed, "FAILED")
+    done = make_queued(api, "qr-done", labels={**managed, "tpu-runner-run": "b"}, run_dir=finished)
+    in_use = make_queued(api, "qr-in-use", labels={**managed, "tpu-runner-run": "c"}, run_dir=busy)
+    for name in (done, in_use):
+        wait_state(api, name, "ACTIVE")
+    tpu_emulator.stockout(ZONE)  # these two wait in the queue
+    waiting = make_queued(api, "qr-waiting", labels={**managed, "tpu-runner-deadline": str(now + 3600)})
+    expired = make_queued(api, "qr-expired", labels={**managed, "tpu-runner-deadline": str(now - 60)})
+    make_queued(api, "qr-someone-elses", labels={"team": "research"})
+    for name in (waiting, expired):
+        wait_state(api, name, "WAITING_FOR_RESOURCES")
+
+    listing = gc("--dry-run")
+    assert listing.exit_code == 0, listing.output
+    verdicts = dict(re.findall(r"queued resource (\S+)\s+.*?(ORPHANED|in use)", listing.output))
+    assert verdicts == {
+        "qr-failed": "ORPHANED",
+        "qr-done": "ORPHANED",
+        "qr-in-use": "in use",
+        "qr-waiting": "in use",
+        "qr-expired": "ORPHANED",
+    }
+    assert "node qr-" not in listing.output  # a queued resource's node is judged with it, never on its own
+    assert "someone-elses" not in listing.output
+    assert "it is FAILED: it will never provision" in listing.output
+
+    swept = gc()
+    assert swept.exit_code == 0, swept.output
+    assert swept.output.count("deleted queued resource") == 3, swept.output
+    left = sorted(q.name.rsplit("/", 1)[1] for q in api.list_queued_resources(PROJECT, ZONE))
+    assert left == ["qr-in-use", "qr-someone-elses", "qr-waiting"]
+    assert sorted(n.node_id for n in tpu_emulator.nodes()) == ["qr-in-use"]
+    deletes = [r for r in tpu_emulator.requests if r.method == "DELETE"]
+    assert sorted(r.path.rsplit("/", 1)[1] for r in deletes) == ["qr-done", "qr-expired", "qr-failed"]
+    assert all("/queuedResources/" in r.path and r.query.get("force") == "true" for r in deletes)
+
+
+def test_down_deletes_a_queued_runs_queued_resource_with_force_once(api: TpuApi, tpu_emulator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "queued.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: queued
+        image: {IMAGE}
+        command: [python, -c, "import time; print('working', flush=True); time.sleep(300)"]
+        accelerator: {{type: v2-8, zone: {ZONE}, project: {PROJECT}, provisioning: queued}}
+        storage: gs://runner-test/{uuid.uuid4().hex[:8]}
+        """)
+    )
+    started = CliRunner().invoke(app, ["submit", str(spec), "--detach"], catch_exceptions=False)
+    assert started.exit_code == 0, started.output
+    run_id = re.search(r"started (\S+) in the background", started.output).group(1)  # type: ignore[union-attr]
+    assert [q["name"].rsplit("/", 1)[1] for q in tpu_emulator.queued_resources()] == [run_id]
+    down = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+    assert down.exit_code == 0, down.output
+    assert f"queued resource {run_id} (with its node) is gone" in down.output
+    assert not tpu_emulator.queued_resources() and not tpu_emulator.nodes()
+    deletes = [r for r in tpu_emulator.requests if r.method == "DELETE" and r.status < 300]
+    assert [(r.path.rsplit("/", 1)[1], r.query.get("force")) for r in deletes] == [(run_id, "true")]
+    again = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+    assert again.exit_code == 0  # idempotent

@@ -154,3 +154,36 @@ def _read_and_show(run_dir: Path, key: str, data: bytes) -> None:
     for line in snapshot.metrics:
         progress_text(line)
     assert all(isinstance(e.time, float) for e in events)
+
+
+def test_a_slices_logs_are_read_line_by_line_with_a_worker_prefix(tmp_path: Path) -> None:
+    from runner.watch.follow import LogTail, LogTails, tail_for, whole_logs
+
+    store = open_storage(str(tmp_path / "run"))
+    store.write_bytes(contract.log_key(0), b"zero a\nzero b (half")
+    store.write_bytes(contract.log_key(1), b"one a\n")
+    tails = tail_for(store, 2)
+    assert isinstance(tails, LogTails) and isinstance(tail_for(store, 1), LogTail)
+    assert tails.read_new() == b"[worker 0] zero a\n[worker 1] one a\n"  # a half-written line waits for its end
+    store.write_bytes(contract.log_key(0), b"zero a\nzero b (half), whole\n")
+    assert tails.read_new() == b"[worker 0] zero b (half), whole\n"
+    store.write_bytes(contract.log_key(1), b"one a\nlast words, no newline")
+    assert tails.read_new(flush=True) == b"[worker 1] last words, no newline\n"
+    assert whole_logs(store, 2).splitlines() == [
+        b"[worker 0] zero a",
+        b"[worker 0] zero b (half), whole",
+        b"[worker 1] one a",
+        b"[worker 1] last words, no newline",
+    ]
+
+
+def test_each_workers_heartbeat_is_read_from_its_own_file(tmp_path: Path) -> None:
+    store = open_storage(str(tmp_path / "run"))
+    for worker in (0, 2):
+        beat = {"time": 100.0 + worker, "phase": "running", "worker": worker}
+        store.write_bytes(contract.heartbeat_key(worker), json.dumps(beat).encode())
+    store.write_bytes("heartbeats/worker-x.json", b"{}")  # not a worker's: ignored
+    store.write_bytes(contract.heartbeat_key(3), b"not json")  # a problem, reported, not an exception
+    snapshot = read_snapshot(store)
+    assert {w: b.time for w, b in snapshot.heartbeats.items()} == {0: 100.0, 2: 102.0}
+    assert any("worker-3" in problem for problem in snapshot.problems)

@@ -81,6 +81,7 @@ def test_custom_command_output_reaches_cloud_storage(gcs: str) -> None:
         "logs/worker-0.log",
         "exit/worker-0.json",
         "heartbeat",
+        "heartbeats/worker-0.json",  # each worker's own: the runner's readiness and liveness of each host
         "events/worker-0.jsonl",
     } <= keys
     assert b"working\n" in store.read_bytes("logs/worker-0.log")

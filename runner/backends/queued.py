@@ -1,0 +1,243 @@
+"""Queued resources: a TPU slice asked for through Cloud TPU's queue instead of created outright.
+
+A queued resource (cloud.google.com/tpu/docs/queued-resources) holds the request for a node in the zone's queue
+until capacity frees up, then creates the node:
+
+    CREATING -> WAITING_FOR_RESOURCES (ACCEPTED in older answers) -> PROVISIONING -> ACTIVE
+    FAILED: not provisioned before its validUntil (or refused); the reason is in state.failedData.error
+    SUSPENDING -> SUSPENDED: its node was preempted (initiator SERVICE) or deleted (initiator USER)
+
+The runner sends `queueingPolicy.validUntilDuration` = accelerator.max_wait (capped at the run's max_runtime, so a
+request never outlives its run even when the runner is gone), follows the states with the elapsed time, and keeps
+its own bound (max_wait and QUEUE_SLACK_S). A queued resource that FAILED, was SUSPENDED before it became ACTIVE, or
+waited past its bound is deleted (force: its node goes with it) and the next zone is tried; the reason of the last
+one is reported when none is left. A queued resource is deleted as a whole, never through its node.
+
+Capacity tiers, as the v2 API has them: Spot -> the queued resource's `spot: {}`; reserved -> the node's
+schedulingConfig.reserved; on-demand -> `guaranteed: {}`. Flex-start (Dynamic Workload Scheduler) exists only in
+the v2alpha1 API (`gcloud alpha compute tpus queued-resources create --provisioning-model=flex-start
+--max-run-duration=...`) and google-cloud-tpu's tpu_v2 has no field for it: it is not offered here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runner.backends.base import MachineState
+from runner.backends.tpu_api import explain, failure_of_status
+from runner.backends.tpu_vm import NameTaken, TpuVmBackend, TpuVmHandle, node_request, owned
+from runner.errors import AlreadyExists, BackendError, NoCapacity
+from runner.plan.planner import Plan
+
+# The API fails a request at its validUntil; the runner gives it this long to say so before acting on its own.
+QUEUE_SLACK_S = 30.0
+WAITING_NOTE_S = 60.0  # while waiting, a line this often (besides one per state change)
+# QueuedResourceState.State -> MachineState. SUSPENDING/SUSPENDED depend on who suspended it (queued_state).
+_STATES = {
+    "CREATING": MachineState.CREATING,
+    "ACCEPTED": MachineState.CREATING,
+    "WAITING_FOR_RESOURCES": MachineState.CREATING,
+    "PROVISIONING": MachineState.CREATING,
+    "ACTIVE": MachineState.RUNNING,
+    "FAILED": MachineState.STOPPED,
+    "DELETING": MachineState.DELETING,
+    "STATE_UNSPECIFIED": MachineState.UNKNOWN,
+}
+
+
+def queued_name(handle: TpuVmHandle) -> str:
+    return f"projects/{handle.project}/locations/{handle.zone}/queuedResources/{handle.queued_resource}"
+
+
+def state_of(qr: Any | None) -> str | None:
+    """The queued resource's state name; None when it does not exist."""
+    return None if qr is None else str(qr.state.state.name)
+
+
+def queued_state(qr: Any | None) -> MachineState:
+    """What is there to pay for: a queued resource suspended by the service lost its node to a preemption."""
+    if qr is None:
+        return MachineState.GONE
+    state = str(qr.state.state.name)
+    if state in ("SUSPENDING", "SUSPENDED"):
+        initiator = qr.state.state_initiator.name
+        return MachineState.PREEMPTED if initiator == "SERVICE" else MachineState.GONE
+    return _STATES.get(state, MachineState.UNKNOWN)
+
+
+def labels_of(qr: Any) -> dict[str, str]:
+    specs = list(qr.tpu.node_spec) if qr.tpu else []
+    return dict(specs[0].node.labels) if specs else {}
+
+
+def failure_reason(qr: Any) -> tuple[str, str]:
+    """(canonical code, the API's words) of a FAILED queued resource (state.failedData.error)."""
+    data = qr.state.failed_data
+    if data is None or not data.error or not (data.error.code or data.error.message):
+        return "UNKNOWN", "the API gave no reason"
+    failure = failure_of_status(data.error)
+    return failure.code, failure.said()
+
+
+def queued_request(plan: Plan, zone: str, node_id: str) -> dict[str, Any]:
+    """The QueuedResource to create, as JSON: one node spec (the same Node a direct create sends), the capacity
+    tier, and the queueing policy. What --dry-run prints is exactly what is sent."""
+    cloud = plan.cloud
+    assert cloud is not None
+    acc = plan.spec.accelerator
+    node = node_request(plan, zone, node_id)
+    node["schedulingConfig"] = {"reserved": True} if acc.reserved else {}
+    body: dict[str, Any] = {
+        "tpu": {
+            "nodeSpec": [{"parent": f"projects/{cloud.project}/locations/{zone}", "nodeId": node_id, "node": node}]
+        },
+        "queueingPolicy": {"validUntilDuration": f"{cloud.max_wait_s}s"},
+    }
+    if acc.spot:
+        body["spot"] = {}
+    elif not acc.reserved:
+        body["guaranteed"] = {}
+    return body
+
+
+def dry_run_request(plan: Plan) -> list[str]:
+    cloud = plan.cloud
+    assert cloud is not None
+    zone = cloud.zones[0]
+    body = queued_request(plan, zone, cloud.node_id)
+    shown = json.loads(json.dumps(body))
+    metadata = shown["tpu"]["nodeSpec"][0]["node"]["metadata"]
+    metadata["startup-script"] = f"<{len(metadata['startup-script'])} bytes, shown below>"
+    return [
+        f"Request: POST /v2/projects/{cloud.project}/locations/{zone}/queuedResources?queuedResourceId={cloud.node_id}",
+        json.dumps(shown, indent=2),
+    ]
+
+
+class _Ended(Exception):
+    """The queued resource will not become ACTIVE in this zone: why, in the API's words. `capacity`: a wait that ran
+    out (or a stockout): another zone may have capacity."""
+
+    def __init__(self, reason: str, *, capacity: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.capacity = reason, capacity
+
+
+class QueuedResources:
+    """The queued-resource flow of one TpuVmBackend: create and follow until ACTIVE, zone after zone."""
+
+    def __init__(self, backend: TpuVmBackend) -> None:
+        self.backend = backend
+        self.api = backend.api
+        self.say = backend.say
+
+    def provision(self, plan: Plan, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
+        """A queued resource in each zone in turn until one becomes ACTIVE. Quota, permission and request errors
+        stop at once: no other zone fixes those."""
+        cloud = plan.cloud
+        assert cloud is not None
+        node_id = cloud.node_id
+        ended: list[tuple[str, _Ended]] = []
+        for i, zone in enumerate(cloud.zones):
+            try:
+                try:
+                    return self._create(plan, zone, node_id, on_handle)
+                except NameTaken as taken:
+                    self.say(f"{taken}: this run's queued resource is named {taken.new_id} instead")
+                    node_id = taken.new_id
+                    return self._create(plan, zone, node_id, on_handle)
+            except NameTaken as taken:
+                raise AlreadyExists(f"{taken}, and so does the new name", hint="submit again") from None
+            except NoCapacity as exc:  # the create operation itself said stockout
+                ended.append((zone, _Ended(exc.message, capacity=True)))
+            except _Ended as exc:
+                ended.append((zone, exc))
+            if i + 1 < len(cloud.zones):
+                self.say(f"{zone}: {ended[-1][1].reason}; queueing in {cloud.zones[i + 1]} next")
+        reasons = "; ".join(f"{zone}: {exc.reason}" for zone, exc in ended)
+        message = f"no queued resource for {cloud.accelerator.name} became ACTIVE ({reasons})"
+        hint = "raise accelerator.max_wait, list more zones under accelerator.zones, or try Spot (accelerator.spot)"
+        if all(exc.capacity for _, exc in ended):
+            raise NoCapacity(message, hint=hint)
+        raise BackendError(message, hint=hint)
+
+    def _create(self, plan: Plan, zone: str, node_id: str, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
+        cloud = plan.cloud
+        assert cloud is not None
+        handle = TpuVmHandle(cloud.project, zone, node_id, created=True, nonce=plan.nonce, queued_resource=node_id)
+        on_handle(handle)
+        self.say(
+            f"queueing {cloud.accelerator.name} in {zone}: queued resource {node_id} "
+            f"(waits up to {cloud.max_wait_s}s for capacity)"
+        )
+        operation: str | None = None
+        try:
+            operation = self.api.create_queued_resource(
+                cloud.project, zone, node_id, queued_request(plan, zone, node_id)
+            )
+        except AlreadyExists:
+            # Ours when a retried request finds what its first try created; anyone else's is never touched.
+            qr = self.api.get_queued_resource(queued_name(handle), project=cloud.project, zone=zone)
+            if qr is None or not owned(labels_of(qr), handle):
+                owner = labels_of(qr).get("tpu-runner-run", "not a tpu-runner request") if qr is not None else "gone"
+                raise NameTaken(node_id, owner, kind="queued resource") from None
+        except BaseException:
+            self.backend.discard(handle)
+            raise
+        try:
+            self._wait_active(handle, operation, plan)
+            return handle
+        except BaseException:
+            self.backend.discard(handle)
+            raise
+
+    def _wait_active(self, handle: TpuVmHandle, operation: str | None, plan: Plan) -> None:
+        """Until ACTIVE, one line per state with the seconds since the request, and one a minute while waiting.
+        The create operation is read for its outcome (a refusal is only told there), the queued resource for its
+        state; FAILED, SUSPENDED or a wait past the bound raise _Ended."""
+        cloud = plan.cloud
+        assert cloud is not None
+        where = dict(project=handle.project, zone=handle.zone)
+        name = queued_name(handle)
+        t0 = time.monotonic()
+        last, noted = None, t0
+        done = operation is None
+        while True:
+            if not done and operation is not None:
+                op = self.api.get_operation(operation, **where)
+                done = op.done
+                if op.failure is not None:
+                    raise explain(op.failure, f"queue {handle.queued_resource}", **where)
+            qr = self.api.get_queued_resource(name, **where)
+            state = state_of(qr) or ("CREATED" if done else "PENDING")
+            now = time.monotonic()
+            waited = now - t0
+            if state != last:
+                self.say(f"queued resource {handle.queued_resource}: {state} ({waited:.0f}s)")
+                last, noted = state, now
+            elif now - noted >= WAITING_NOTE_S:
+                self.say(f"queued resource {handle.queued_resource}: still {state} ({waited:.0f}s)")
+                noted = now
+            if state in ("ACTIVE", "DELETING") or (qr is None and done):
+                # Up; or deleted by someone else (`runner down` from another shell): the watch sees which.
+                return
+            if qr is not None and state == "FAILED":
+                code, said = failure_reason(qr)
+                raise _Ended(f"FAILED after {waited:.0f}s: {said} ({code})", capacity=code == "RESOURCE_EXHAUSTED")
+            if qr is not None and state in ("SUSPENDING", "SUSPENDED"):
+                who = qr.state.state_initiator.name
+                raise _Ended(f"{state} (by {who}) before it became ACTIVE", capacity=who == "SERVICE")
+            if state != "PROVISIONING" and waited > cloud.max_wait_s + QUEUE_SLACK_S:
+                raise _Ended(
+                    f"still {state} after {waited:.0f}s: accelerator.max_wait ({cloud.max_wait_s}s) passed",
+                    capacity=True,
+                )
+            if time.time() > plan.deadline:
+                raise BackendError(
+                    f"queued resource {handle.queued_resource} was not ACTIVE when the run's max_runtime ran out",
+                    hint="raise teardown.max_runtime, or list other zones",
+                )
+            time.sleep(min(self.backend.poll_s, 1.0 + waited / 10))
