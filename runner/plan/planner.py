@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from runner import contract, datasets
@@ -254,6 +254,8 @@ def plan_cloud(
     # The budget, where it is earlier, is the run's max_runtime from here on: deadline, VM watchdog, job safety net.
     limit = runtime_limit(spec, target.price_per_hour)
     spec = limited(spec, limit)
+    # A queued resource never waits past the deadline, the budget's included.
+    target = replace(target, max_wait_s=min(target.max_wait_s, spec.teardown.max_runtime))
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime

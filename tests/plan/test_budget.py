@@ -69,6 +69,13 @@ def test_a_budget_under_the_default_max_runtime_becomes_the_deadline() -> None:
     assert row[0] == "budget" and "stopped after 2h05m" in row[1]
 
 
+def test_a_queued_resource_never_waits_past_what_the_budget_buys() -> None:
+    accelerator = {"type": "v5litepod-8", "zone": "us-west4-a", "project": "my-project", "provisioning": "queued"}
+    plan = plan_cloud(spec(budget=20, accelerator=accelerator), None, environ=NO_GCLOUD)
+    assert plan.cloud is not None and plan.limit is not None
+    assert plan.cloud.provisioning == "queued" and plan.cloud.max_wait_s == plan.limit.seconds
+
+
 def test_the_plan_says_the_default_24h_cap_in_dollars() -> None:
     plan = plan_cloud(spec(), None, environ=NO_GCLOUD)
     (row,) = plan_rows(plan.limit, local=False)
