@@ -443,7 +443,7 @@ class TpuVmBackend(Backend[TpuVmHandle]):
     @staticmethod
     def _what(handle: TpuVmHandle) -> str:
         if handle.queued_resource:
-            return f"queued resource {handle.queued_resource} (with its node)"
+            return f"queued resource {handle.queued_resource} (and any node it holds)"
         return f"TPU node {handle.node_id}"
 
     def _read_state(self, handle: TpuVmHandle) -> str | None:

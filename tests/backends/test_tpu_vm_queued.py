@@ -60,7 +60,7 @@ def test_a_queued_resource_waits_out_a_stockout_then_runs_the_job(cloud, tmp_pat
     assert seen[0] in ("PENDING", "CREATING", "WAITING_FOR_RESOURCES"), seen
     assert "WAITING_FOR_RESOURCES" in seen and seen.index("WAITING_FOR_RESOURCES") < seen.index("ACTIVE"), seen
     assert "ran after the queue" in result.output
-    assert f"queued resource {run_id} (with its node) is gone" in result.output
+    assert f"queued resource {run_id} (and any node it holds) is gone" in result.output
     (create,) = api_calls(cloud, "POST", r"/queuedResources$")
     assert create.query["queuedResourceId"] == run_id and create.path.startswith("/v2/projects/test-project/")
     assert create.body["guaranteed"] == {} and create.body["queueingPolicy"] == {"validUntilDuration": "86400s"}
@@ -197,7 +197,7 @@ def test_ctrl_c_while_queued_deletes_the_queued_resource_once_with_force(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, output
-    assert "queued resource" in output and "(with its node) is gone" in output, output
+    assert "queued resource" in output and "(and any node it holds) is gone" in output, output
     assert not cloud.queued_resources() and not cloud.nodes()
     (delete,) = api_calls(cloud, "DELETE", r"/queuedResources/")
     assert delete.query.get("force") == "true"

@@ -207,7 +207,7 @@ def test_down_deletes_a_queued_runs_queued_resource_with_force_once(api: TpuApi,
     assert [q["name"].rsplit("/", 1)[1] for q in tpu_emulator.queued_resources()] == [run_id]
     down = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
     assert down.exit_code == 0, down.output
-    assert f"queued resource {run_id} (with its node) is gone" in down.output
+    assert f"queued resource {run_id} (and any node it holds) is gone" in down.output
     assert not tpu_emulator.queued_resources() and not tpu_emulator.nodes()
     deletes = [r for r in tpu_emulator.requests if r.method == "DELETE" and r.status < 300]
     assert [(r.path.rsplit("/", 1)[1], r.query.get("force")) for r in deletes] == [(run_id, "true")]
