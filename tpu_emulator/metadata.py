@@ -31,6 +31,7 @@ def tpu_env(node: Node, worker: int, hostnames: list[str]) -> str:
         "WORKER_HOSTNAMES": ",".join(hostnames),
         "WORKER_ID": str(worker),
         "ZONE": node.zone,
+        **node.megascale(),
     }
     return "".join(f"{key}: '{value}'\n" for key, value in sorted(values.items()))
 

@@ -11,7 +11,8 @@ States (the API's QueuedResourceState.State; cloud.google.com/tpu/docs/queued-re
   FAILED and SUSPENDED stay until the queued resource is deleted ("the request remains in the queue until it is
   explicitly deleted"); deleting one that still has nodes needs force=true, which deletes them first.
 Node specs give a nodeId, or multisliceParams {nodeCount, nodeIdPrefix} for nodes <prefix>-0 ... <prefix>-N-1
-(prefix: the queued resource's id when absent); the two are a oneof, so codec.parse_body refuses both.
+(prefix: the queued resource's id when absent); the two are a oneof, so codec.parse_body refuses both. The slices
+of a multislice are created together, and each VM's tpu-env says which slice it is (resources.Node.slice).
 
 Every step is on the agenda with `wake`: a queued resource provisions, and its nodes boot, whether or not anyone
 reads it.
@@ -50,7 +51,7 @@ class QueuedResources:
         node_specs = (spec.get("tpu") or {}).get("nodeSpec") or []
         if not node_specs:
             problems.append(("queued_resource.tpu.node_spec", "tpu.nodeSpec is required: the node(s) to create."))
-        planned: list[tuple[str, dict[str, Any], bool, catalog.AcceleratorType]] = []
+        planned: list[tuple[str, dict[str, Any], tuple[int, int] | None, catalog.AcceleratorType]] = []
         for i, node_spec in enumerate(node_specs):
             where = f"queued_resource.tpu.node_spec[{i}]"
             if node_spec.get("parent") != parent:
@@ -69,12 +70,12 @@ class QueuedResources:
                     problems.append((f"{where}.multislice_params.node_count", "nodeCount must be greater than 1."))
                 prefix = multi.get("nodeIdPrefix") or qr_id or ""
                 problems += validate.check_id(prefix, f"{where}.multislice_params.node_id_prefix", "node")
-                ids = [f"{prefix}-{k}" for k in range(count)]
+                slices: list[tuple[str, tuple[int, int] | None]] = [(f"{prefix}-{k}", (k, count)) for k in range(count)]
             else:
                 problems += validate.check_id(node_spec.get("nodeId"), f"{where}.node_id", "node")
-                ids = [node_spec.get("nodeId") or ""]
+                slices = [(node_spec.get("nodeId") or "", None)]
             if accel is not None:
-                planned += [(node_id, node, multi is not None, accel) for node_id in ids]
+                planned += [(node_id, node, part, accel) for node_id, part in slices]
         if len({node_id for node_id, *_ in planned}) < len(planned):
             problems.append(("queued_resource.tpu.node_spec", "Two node specs name the same node."))
         if problems or qr_id is None:
@@ -135,10 +136,8 @@ class QueuedResources:
             ).rpc_status()
             return
         qr.state = "PROVISIONING"
-        for node_id, spec, multislice in qr.planned:
-            cloud.start_node(
-                qr.project, qr.zone, node_id, spec, accels[node_id], queued_resource=qr.name, multislice=multislice
-            )
+        for node_id, spec, part in qr.planned:
+            cloud.start_node(qr.project, qr.zone, node_id, spec, accels[node_id], queued_resource=qr.name, slice=part)
             qr.node_names.append(f"{parent}/nodes/{node_id}")
 
     # -- what its nodes do --------------------------------------------------------------------------------------

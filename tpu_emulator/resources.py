@@ -16,6 +16,14 @@ from tpu_emulator import codec
 from tpu_emulator.vm import VmGroup
 
 TPU_PORT = 8470
+MEGASCALE_PORT = 8080
+
+
+def _internal_ip(slice_id: int, worker: int) -> str:
+    n = 2 + worker + 256 * slice_id  # the slices of a multislice share a subnet, each with its own addresses
+    return f"10.130.{n // 256}.{n % 256}"
+
+
 # Node fields a create request may set (the rest are output only and ignored, as the API does).
 INPUT_FIELDS = (
     "description",
@@ -107,7 +115,7 @@ class Node:
     state: str = "CREATING"
     health: str | None = None
     queued_resource: str | None = None
-    multislice: bool = False
+    slice: tuple[int, int] | None = None  # multislice: (slice id, number of slices) of the queued resource's
     vms: VmGroup | None = None
     hung: bool = False  # READY, but its VMs never ran the startup-script (boot_hang)
     delete_ops: list[Operation] = field(default_factory=list)  # of the deletion in progress
@@ -147,7 +155,7 @@ class Node:
             out["health"] = self.health
         if self.queued_resource:
             out["queuedResource"] = self.queued_resource
-        if self.multislice:
+        if self.slice is not None:
             out["multisliceNode"] = True
         return out
 
@@ -156,8 +164,21 @@ class Node:
         return range(self.accel.hosts)
 
     def internal_ip(self, worker: int) -> str:
-        n = 2 + worker
-        return f"10.130.{n // 256}.{n % 256}"
+        return _internal_ip(self.slice[0] if self.slice else 0, worker)
+
+    def megascale(self) -> dict[str, str]:
+        """What a multislice node's VMs find in tpu-env to join the other slices: slice 0's first host coordinates,
+        on port 8080 ("the MXLA coordinator, which is set to 8080 in multislice GCE": jax/_src/clusters/
+        cloud_tpu_cluster.py, which reads these four keys)."""
+        if self.slice is None:
+            return {}
+        slice_id, count = self.slice
+        return {
+            "MEGASCALE_COORDINATOR_ADDRESS": f"{_internal_ip(0, 0)}:{MEGASCALE_PORT}",
+            "MEGASCALE_NUM_SLICES": str(count),
+            "MEGASCALE_PORT": str(MEGASCALE_PORT),
+            "MEGASCALE_SLICE_ID": str(slice_id),
+        }
 
     def endpoint(self, worker: int, external: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"ipAddress": self.internal_ip(worker), "port": TPU_PORT}
@@ -173,7 +194,7 @@ class QueuedResource:
     zone: str
     qr_id: str
     spec: dict[str, Any]
-    planned: list[tuple[str, dict[str, Any], bool]]  # (node id, node spec, multislice)
+    planned: list[tuple[str, dict[str, Any], tuple[int, int] | None]]  # (node id, node spec, multislice part)
     created: float = field(default_factory=time.time)
     state: str = "CREATING"
     initiator: str | None = None

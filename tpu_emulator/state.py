@@ -164,10 +164,10 @@ class Cloud:
         accel: catalog.AcceleratorType,
         *,
         queued_resource: str | None,
-        multislice: bool = False,
+        slice: tuple[int, int] | None = None,
         failure: dict[str, Any] | None = None,
     ) -> Operation:
-        node = Node(project, zone, node_id, spec, accel, queued_resource=queued_resource, multislice=multislice)
+        node = Node(project, zone, node_id, spec, accel, queued_resource=queued_resource, slice=slice)
         node.created = self.agenda.wall()
         op = self.new_op(project, zone, "create", node.name, codec.NODE_TYPE)
         self.nodes[node.name] = node

@@ -82,18 +82,38 @@ def failure_reason(qr: Any) -> tuple[str, str]:
     return failure.code, failure.said()
 
 
+def slice_prefix(node_id: str, slices: int) -> str:
+    """The nodeIdPrefix of a multislice: the API names its nodes <prefix>-0 ... <prefix>-<N-1> (MultisliceParams,
+    cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources), and a node id has at most 63
+    characters."""
+    return node_id[: 63 - len(f"-{slices - 1}")].rstrip("-")
+
+
+def slice_nodes(handle: TpuVmHandle, slices: int) -> list[str]:
+    """The node ids a queued resource holds: its one node, or each slice's."""
+    if slices <= 1:
+        return [handle.node_id]
+    prefix = slice_prefix(handle.node_id, slices)
+    return [f"{prefix}-{s}" for s in range(slices)]
+
+
 def queued_request(plan: Plan, zone: str, node_id: str) -> dict[str, Any]:
     """The QueuedResource to create, as JSON: one node spec (the same Node a direct create sends), the capacity
-    tier, and the queueing policy. What --dry-run prints is exactly what is sent."""
+    tier, and the queueing policy; with accelerator.slices > 1, multisliceParams {nodeCount, nodeIdPrefix} in place
+    of the nodeId (the two are a oneof). What --dry-run prints is exactly what is sent."""
     cloud = plan.cloud
     assert cloud is not None
     acc = plan.spec.accelerator
     node = node_request(plan, zone, node_id)
     node["schedulingConfig"] = {"reserved": True} if acc.reserved else {}
+    spec: dict[str, Any] = {"parent": f"projects/{cloud.project}/locations/{zone}"}
+    if cloud.slices > 1:
+        spec["multisliceParams"] = {"nodeCount": cloud.slices, "nodeIdPrefix": slice_prefix(node_id, cloud.slices)}
+    else:
+        spec["nodeId"] = node_id
+    spec["node"] = node
     body: dict[str, Any] = {
-        "tpu": {
-            "nodeSpec": [{"parent": f"projects/{cloud.project}/locations/{zone}", "nodeId": node_id, "node": node}]
-        },
+        "tpu": {"nodeSpec": [spec]},
         "queueingPolicy": {"validUntilDuration": f"{cloud.max_wait_s}s"},
     }
     if acc.spot:
@@ -169,10 +189,11 @@ class QueuedResources:
         assert cloud is not None
         handle = TpuVmHandle(cloud.project, zone, node_id, created=True, nonce=plan.nonce, queued_resource=node_id)
         on_handle(handle)
-        self.say(
-            f"queueing {cloud.accelerator.name} in {zone}: queued resource {node_id} "
-            f"(waits up to {cloud.max_wait_s}s for capacity)"
-        )
+        what = cloud.accelerator.name
+        if cloud.slices > 1:
+            nodes = slice_nodes(handle, cloud.slices)
+            what = f"{cloud.slices} slices of {what} (nodes {nodes[0]} ... {nodes[-1]})"
+        self.say(f"queueing {what} in {zone}: queued resource {node_id} (waits up to {cloud.max_wait_s}s for capacity)")
         operation: str | None = None
         try:
             operation = self.api.create_queued_resource(

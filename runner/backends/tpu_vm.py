@@ -157,16 +157,26 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         from runner.plan import catalog
 
         prices = catalog.prices_info()
+        node = cloud.node_id
+        shape = f"{accel.name}: {accel.chips} chips on {accel.hosts} host(s), {kind}"
+        if cloud.slices > 1:
+            from runner.backends.queued import slice_prefix
+
+            node = f"{slice_prefix(cloud.node_id, cloud.slices)}-0 ... -{cloud.slices - 1}"
+            shape = (
+                f"{cloud.slices} slices of {accel.name} (multislice): {accel.chips * cloud.slices} chips on "
+                f"{accel.hosts * cloud.slices} host(s), {kind}"
+            )
         rows = [
             ("project", cloud.project),
             ("zones", " -> ".join(cloud.zones) + ("  (tried in order)" if len(cloud.zones) > 1 else "")),
             (
-                "node",
-                cloud.node_id
+                "node" if cloud.slices == 1 else "nodes",
+                node
                 + ("  (existing: attach, never delete)" if cloud.attach_node else "")
                 + (f"  (held by queued resource {cloud.node_id})" if cloud.provisioning == "queued" else ""),
             ),
-            ("accelerator", f"{accel.name}: {accel.chips} chips on {accel.hosts} host(s), {kind}"),
+            ("accelerator", shape),
             ("runtime", cloud.runtime_version),
             ("job runs on", "every worker" if cloud.trainer_workers == "all" else f"worker {cloud.trainer_workers}"),
         ]

@@ -60,8 +60,9 @@ class Price:
         }
 
 
-def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False) -> Price | None:
-    """The catalog's price of a type, or None for a type it does not know (a run directory from elsewhere)."""
+def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False, slices: int = 1) -> Price | None:
+    """The catalog's price of a type (`slices` of it: a multislice bills every slice), or None for a type it does
+    not know (a run directory from elsewhere)."""
     from runner.plan import catalog
 
     try:
@@ -70,8 +71,8 @@ def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False) -> P
         return None
     g = accel.generation
     return Price(
-        accelerator=accel.name,
-        chips=accel.chips,
+        accelerator=accel.name if slices == 1 else f"{slices} x {accel.name}",
+        chips=accel.chips * slices,
         spot=spot,
         reserved=reserved,
         per_chip_hour=g.spot_price if spot else g.on_demand_price,

@@ -93,7 +93,13 @@ def spec_price(spec: dict[str, Any]) -> Price | None:
     acc = spec.get("accelerator")
     if not isinstance(acc, dict) or not isinstance(acc.get("type"), str):
         return None
-    return price_for(acc["type"], spot=acc.get("spot") is True, reserved=acc.get("reserved") is True)
+    slices = acc.get("slices")
+    return price_for(
+        acc["type"],
+        spot=acc.get("spot") is True,
+        reserved=acc.get("reserved") is True,
+        slices=slices if isinstance(slices, int) and slices > 1 else 1,
+    )
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "ZONE": "",  # filled per attempt: a stockout moves the node to the next zone
         "NODE": node_id or cloud.node_id,  # a name collision gives the node another name than the plan's
         "JOB_WORKERS": cloud.trainer_workers,
-        "NUM_WORKERS": str(plan.num_workers),
+        "NUM_WORKERS": str(plan.num_workers),  # every slice's
+        "SLICES": str(cloud.slices),
+        "HOSTS": str(cloud.accelerator.hosts),  # per slice
         "DELETE_ON_EXIT": "never" if plan.attach else policy,
         "DEADLINE": str(int(plan.deadline)),
         "CONTAINER": contract.JOB_CONTAINER,

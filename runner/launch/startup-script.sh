@@ -19,6 +19,8 @@ ZONE=''
 NODE=''
 JOB_WORKERS='all'
 NUM_WORKERS='1'
+SLICES='1'
+HOSTS='1'
 DELETE_ON_EXIT='never'
 DEADLINE='0'
 CONTAINER='tpu-runner-job'
@@ -113,11 +115,12 @@ write_exit() {
     log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
 }
 
-# finish CODE: worker 0 deletes the node when the policy says so (after every worker has an exit record).
-# SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node goes even under on_success.
+# finish CODE: the first host of each slice deletes its node when the policy says so (after every worker of every
+# slice has an exit record). SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node
+# goes even under on_success.
 finish() {
   local rc="$1" delete="" waited=0 w
-  if [ "$WORKER" = 0 ]; then
+  if [ "$HOST" = 0 ]; then
     case "$DELETE_ON_EXIT" in
       always) delete=1 ;;
       on_success) [ "$rc" = 0 ] || [ "$rc" = "$SAFETY_STOP" ] && delete=1 ;;
@@ -125,7 +128,8 @@ finish() {
   fi
   if [ -n "$delete" ]; then
     if [ "$JOB_WORKERS" = all ]; then
-      for ((w = 1; w < NUM_WORKERS; w++)); do
+      for ((w = 0; w < NUM_WORKERS; w++)); do
+        [ "$w" = "$WORKER" ] && continue
         while ! exists "exit/worker-${w}.json" && [ "$waited" -lt 600 ]; do
           sleep 5
           waited=$((waited + 5))
@@ -142,7 +146,23 @@ finish() {
 
 mkdir -p "$WORKDIR"
 STARTED="$(now)"
-WORKER="$(metadata instance/attributes/agent-worker-number || echo 0)"
+HOST="$(metadata instance/attributes/agent-worker-number || echo 0)"  # this host's number within its slice
+WORKER="$HOST"
+# tpu_env KEY: a value of the VM's tpu-env metadata (KEY: 'value' lines), as JAX's cloud_tpu_cluster reads it.
+tpu_env() { printf '%s\n' "$TPU_ENV" | sed -n "s/^$1: *'\{0,1\}\([^']*\)'\{0,1\} *\$/\1/p" | head -n 1; }
+if [ "$SLICES" -gt 1 ]; then
+  # Multislice: Cloud TPU gives each VM its slice in tpu-env (MEGASCALE_SLICE_ID; JAX's MultisliceGceTpuCluster
+  # numbers processes slice by slice the same way), and the worker id is global: slice s, host h -> s * HOSTS + h.
+  TPU_ENV="$(metadata instance/attributes/tpu-env || true)"
+  SLICE_ID="$(tpu_env MEGASCALE_SLICE_ID)"
+  case "$SLICE_ID" in
+    '' | *[!0-9]*)
+      log "no MEGASCALE_SLICE_ID in this VM's tpu-env: it is not a slice of a multislice; the job cannot start"
+      exit 2 ;;
+  esac
+  WORKER=$((SLICE_ID * HOSTS + HOST))
+  NODE="$(metadata instance/attributes/instance-id || printf '%s' "$NODE")"  # each slice is a node of its own
+fi
 # A recreated node (after a preemption) starts with an empty disk: carry on the events of the earlier boots.
 get "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || rm -f "${WORKDIR}/events.jsonl"
 event bootstrap_started "\"worker\": ${WORKER}, \"host\": $(json_str "$(hostname)")"
@@ -155,6 +175,16 @@ fi
 
 printf '%s' "$JOB_ENV_B64" | base64 -d >"${WORKDIR}/job.env"
 printf 'RUNNER_WORKER_ID=%s\n' "$WORKER" >>"${WORKDIR}/job.env"
+if [ "$SLICES" -gt 1 ]; then
+  # What a multislice job needs to join the slices, as Cloud TPU sets it in tpu-env (JAX reads these names from the
+  # environment first, then from tpu-env: jax/_src/clusters/cloud_tpu_cluster.py; the same four are what GKE
+  # (cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice) and Ray's TPU support give every worker).
+  for key in MEGASCALE_COORDINATOR_ADDRESS MEGASCALE_NUM_SLICES MEGASCALE_SLICE_ID MEGASCALE_PORT; do
+    value="$(tpu_env "$key")"
+    [ -n "$value" ] && printf '%s=%s\n' "$key" "$value" >>"${WORKDIR}/job.env"
+  done
+  printf 'RUNNER_TPU_NAME=%s\nRUNNER_HOSTS_PER_SLICE=%s\n' "$NODE" "$HOSTS" >>"${WORKDIR}/job.env"
+fi
 
 REGISTRY="${IMAGE%%/*}"
 case "$REGISTRY" in

@@ -274,10 +274,16 @@ class Run:
                 return RunState.FAILED
             self.preemptions += 1
             self.events.emit("preempted", attempt=self.preemptions, retry=True)
-            self.say(
-                f"the machine was preempted: recreating it ({self.preemptions}/{retries.preemptions}); the job "
-                "resumes from its newest checkpoint"
+            self.reason = None  # a worker stopped by the preemption is not the run's failure
+            slices = self.plan.cloud.slices if self.plan.cloud is not None else 1
+            # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
+            # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
+            what = (
+                f"a slice was preempted: recreating all {slices} slices"
+                if slices > 1
+                else ("the machine was preempted: recreating it")
             )
+            self.say(f"{what} ({self.preemptions}/{retries.preemptions}); the job resumes from its newest checkpoint")
             raise _Retry
         if verdict == Verdict.WORKER_LOST:
             self.say(f"{self.reason}: ending the run")

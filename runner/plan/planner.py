@@ -39,6 +39,7 @@ class CloudTarget:
     warnings: tuple[str, ...] = ()  # what the plan lets through but the user should know (runner.plan.compat)
     provisioning: str = "node"  # "node": create the node; "queued": a queued resource that waits for capacity
     max_wait_s: int = 0  # queued: how long it may wait in each zone (its validUntilDuration)
+    slices: int = 1  # multislice: this many slices of `accelerator`, one queued resource (multisliceParams)
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,15 @@ def resolve_cloud_target(
     tensorflow = spec.training is not None and spec.training.framework == "tensorflow"
     trainer_workers = "0" if tensorflow and accel.multi_host else "all"
     provisioning = accel.provisioning if acc.provisioning == "auto" else acc.provisioning
+    if acc.slices > 1:
+        # Multislice exists only through queued resources (cloud.google.com/tpu/docs/multislice-introduction), on
+        # TPU v4 and later; the spec refuses `provisioning: node` and TensorFlow with it.
+        if accel.generation.name in ("v2", "v3"):
+            raise PlanError(
+                f"accelerator.slices {acc.slices}: Cloud TPU Multislice needs TPU v4 or later, not {accel.name}",
+                hint="use a v4, v5p, v5litepod or v6e type, or one slice",
+            )
+        provisioning = "queued"
     if acc.node:
         provisioning = "node"  # attached: nothing is created
     warnings = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
@@ -221,10 +231,11 @@ def resolve_cloud_target(
         node_id=acc.node or run_id,
         attach_node=acc.node,
         trainer_workers=trainer_workers,
-        price_per_hour=accel.price_per_hour(spot=acc.spot),
+        price_per_hour=accel.price_per_hour(spot=acc.spot) * acc.slices,
         warnings=tuple(warnings),
         provisioning=provisioning,
         max_wait_s=max_wait,
+        slices=acc.slices,
     )
 
 
@@ -257,10 +268,12 @@ def plan_cloud(
     # A queued resource never waits past the deadline, the budget's included.
     target = replace(target, max_wait_s=min(target.max_wait_s, spec.teardown.max_runtime))
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
-    workers = target.accelerator.hosts if target.trainer_workers == "all" else 1
+    # Worker ids are global across the slices of a multislice: slice s, host h is worker s * hosts + h.
+    workers = target.accelerator.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
-    env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+    if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
+        env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM.
     env[contract.DATA_DIR] = CLOUD_DATA_DIR
     if target.trainer_workers == "0":

@@ -126,6 +126,15 @@ class AcceleratorSpec(_Model):
         "duration, and the runner's own bound. Then the next zone is tried. Default: until the run's max_runtime.",
     )
 
+    slices: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Multislice: this many slices of `type`, joined over the data-center network, asked for as one "
+        "queued resource (multisliceParams). Above 1 it needs provisioning queued or auto and a JAX job or a "
+        "`command` (TensorFlow has no multislice path).",
+    )
+
     _parse_max_wait = field_validator("max_wait", mode="before")(parse_duration)
 
     @model_validator(mode="after")
@@ -142,6 +151,13 @@ class AcceleratorSpec(_Model):
             raise ValueError("`node` attaches to an existing TPU VM; `provisioning: queued` only applies to new ones")
         if self.max_wait is not None and (self.node or self.provisioning == "node"):
             raise ValueError("`max_wait` bounds the wait of a queued resource: it needs provisioning queued or auto")
+        if self.slices > 1 and self.node:
+            raise ValueError("`node` attaches to one existing TPU VM; `slices` above 1 creates a multislice")
+        if self.slices > 1 and self.provisioning == "node":
+            raise ValueError(
+                "`slices` above 1 is a multislice, which Cloud TPU creates through a queued resource only: "
+                "set provisioning to queued (or leave it at auto)"
+            )
         return self
 
     @property
@@ -391,6 +407,11 @@ class JobSpec(_Model):
             raise ValueError("give either `training` (built-in trainer) or `command` (your own), not both")
         if self.training is None and self.command is None:
             raise ValueError("nothing to run: add a `training` section or a `command`")
+        if self.accelerator.slices > 1 and self.training is not None and self.training.framework == "tensorflow":
+            raise ValueError(
+                "accelerator.slices above 1 (multislice) needs training.framework jax or a `command`: TensorFlow has "
+                "no multislice path (Cloud TPU Multislice runs JAX and PyTorch)"
+            )
         return self
 
     @property

@@ -149,6 +149,16 @@ def test_multislice_queued_resource_and_preemption(client: tpu_v2.TpuClient, tpu
     wait_for(lambda: qr_state(client, name) == "ACTIVE")
     nodes = {n.name.rsplit("/", 1)[1]: n for n in client.list_nodes(parent=PARENT)}
     assert sorted(nodes) == ["slice-0", "slice-1"] and all(n.multislice_node for n in nodes.values())
+    # Each slice's VMs learn from tpu-env which slice they are and where slice 0's first host coordinates.
+    for slice_id in range(2):
+        url = f"{tpu_emulator.endpoint}/_vm/{PROJECT}/{ZONE}/slice-{slice_id}/0/computeMetadata/v1/"
+        request = urllib.request.Request(url + "instance/attributes/tpu-env", headers={"Metadata-Flavor": "Google"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            env = dict(line.split(": ", 1) for line in answer.read().decode().splitlines())
+        assert env["MEGASCALE_SLICE_ID"] == f"'{slice_id}'" and env["MEGASCALE_NUM_SLICES"] == "'2'"
+        assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "'10.130.0.2:8080'" and env["MEGASCALE_PORT"] == "'8080'"
+        assert env["NODE_ID"] == f"'slice-{slice_id}'"
+    assert nodes["slice-1"].network_endpoints[0].ip_address != nodes["slice-0"].network_endpoints[0].ip_address
     tpu_emulator.preempt("slice-1")
     assert qr_state(client, name) == "SUSPENDING"
     wait_for(lambda: qr_state(client, name) == "SUSPENDED")  # the service deletes every slice...

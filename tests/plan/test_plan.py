@@ -152,6 +152,54 @@ def test_queued_resource_request_body() -> None:
     }
 
 
+def test_multislice_is_one_queued_resource_with_global_worker_ids() -> None:
+    from google.cloud import tpu_v2
+
+    from runner.backends.queued import queued_request
+
+    command = {"training": None, "command": ["python", "x.py"], "acc_zone": "us-central2-b"}
+    p = plan(spec(acc_type="v4-16", acc_slices=3, **command))  # provisioning auto: queued
+    assert p.cloud is not None and p.cloud.provisioning == "queued" and p.cloud.slices == 3
+    assert p.num_workers == 6 and p.env["RUNNER_NUM_WORKERS"] == "6"  # 2 hosts x 3 slices, ids global
+    assert "RUNNER_TPU_NAME" not in p.env  # each slice's VMs name their own node
+    assert p.cloud.price_per_hour == pytest.approx(3 * catalog.accelerator("v4-16").price_per_hour(spot=False))
+    (node_spec,) = queued_request(p, "us-central2-b", p.run_id)["tpu"]["nodeSpec"]
+    assert node_spec["multisliceParams"] == {"nodeCount": 3, "nodeIdPrefix": p.run_id} and "nodeId" not in node_spec
+    qr = tpu_v2.QueuedResource.from_json(json.dumps({"tpu": {"nodeSpec": [node_spec]}}))
+    assert qr.tpu.node_spec[0].multislice_params.node_count == 3
+    # The prefix leaves room for "-<slice>" in a node id's 63 characters.
+    long_id = "a" * 62
+    (long_spec,) = queued_request(p, "us-central2-b", long_id)["tpu"]["nodeSpec"]
+    assert len(long_spec["multisliceParams"]["nodeIdPrefix"] + "-2") <= 63
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "training", "message"),
+    [
+        ({"slices": 2, "provisioning": "node"}, None, "Cloud TPU creates through a queued resource only"),
+        ({"slices": 2, "node": "my-vm"}, None, "`node` attaches to one existing TPU VM"),
+        ({"slices": 2}, {"framework": "tensorflow"}, "TensorFlow has no multislice path"),
+        ({"slices": 0}, None, "greater than or equal to 1"),
+    ],
+)
+def test_multislice_refusals_in_the_spec(accelerator: dict, training: dict | None, message: str) -> None:
+    body = {"type": "v4-16", "zone": "us-central2-b", **accelerator}
+    workload = f"training: {json.dumps(training)}" if training else "command: [python, x.py]"
+    text = f"name: j\nimage: {IMAGE}\naccelerator: {json.dumps(body)}\n{workload}\n"
+    from runner.errors import SpecError
+
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "job.yaml")
+    assert any(message in problem for problem in info.value.problems), info.value.problems
+    jax = load_spec_text(text.replace('"tensorflow"', '"jax"'), "job.yaml") if training else None
+    assert jax is None or jax.accelerator.slices == 2  # the JAX engine may run on several slices
+
+
+def test_multislice_needs_tpu_v4_or_later() -> None:
+    with pytest.raises(PlanError, match="Multislice needs TPU v4 or later"):
+        plan(spec(acc_type="v3-32", acc_zone="europe-west4-a", acc_slices=2, training=None, command=["x"]))
+
+
 def test_node_request_body() -> None:
     p = plan(spec(acc_spot=True, acc_service_account="tpu-vm@my-project.iam.gserviceaccount.com"))
     body = node_request(p, "us-west4-a")
@@ -183,6 +231,8 @@ def test_attach_mode_creates_nothing() -> None:
         ("dry_run_mnist.txt", {}),
         # A v4-32 is queued by default (provisioning: auto): the exact QueuedResource request is shown.
         ("dry_run_pod_queued.txt", {"type": "v4-32", "zones": ["us-central2-b"], "spot": True, "max_wait": "2h"}),
+        # Two v4-16 slices: one queued resource with multisliceParams instead of a nodeId.
+        ("dry_run_multislice.txt", {"type": "v4-16", "zones": ["us-central2-b"], "slices": 2}),
     ],
 )
 def test_dry_run_golden(golden: str, overrides: dict[str, object]) -> None:

@@ -1,0 +1,92 @@
+"""Multislice end to end: `accelerator.slices: 2` of a v4-16 (2 hosts each) through the CLI on the two emulators:
+one queued resource with multisliceParams, 4 workers with global ids, each told its slice and the coordinator
+through the MEGASCALE_* variables, one preempted slice restarting every slice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.storage import open_storage
+from tests.backends.test_tpu_vm_queued import api_calls, timeline
+from tests.cloudjobs import IMAGE, run_id_of, submit
+
+PRINT_ENV = (
+    "import os\\ne = os.environ\\nprint('worker', e['RUNNER_WORKER_ID'], 'of', e['RUNNER_NUM_WORKERS'], 'slice', "
+    "e['MEGASCALE_SLICE_ID'], 'of', e['MEGASCALE_NUM_SLICES'], 'hosts', e['RUNNER_HOSTS_PER_SLICE'], 'node', "
+    "e['RUNNER_TPU_NAME'], 'coordinator', e['MEGASCALE_COORDINATOR_ADDRESS'], flush=True)\\n"
+)
+
+
+def multislice_job(tmp_path: Path, bucket_url: str, script: str, extra: str = "") -> Path:
+    path = tmp_path / "multi.yaml"
+    path.write_text(
+        f"name: multi\nimage: {IMAGE}\n"
+        f"accelerator: {{type: v4-16, slices: 2, zone: us-central2-b, project: test-project{extra}}}\n"
+        f'storage: {bucket_url}\ncommand: [python, -c, "{script}"]\n'
+    )
+    return path
+
+
+def test_two_slices_run_four_workers_told_their_slice_and_go_once(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    result = submit(str(multislice_job(tmp_path, bucket_url, PRINT_ENV)))
+    assert result.exit_code == 0, result.output
+    run_id = run_id_of(result.output)
+    print("\n".join(timeline(result.output)))
+    assert "(2 x v4-16 on-demand, $51.52/h x" in result.output  # the cost counts every slice
+    (create,) = api_calls(cloud, "POST", r"/queuedResources$")
+    (node_spec,) = create.body["tpu"]["nodeSpec"]
+    assert node_spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": run_id} and "nodeId" not in node_spec
+    for w in range(4):
+        slice_id = w // 2
+        line = (
+            f"[worker {w}] worker {w} of 4 slice {slice_id} of 2 hosts 2 node {run_id}-{slice_id} "
+            "coordinator 10.130.0.2:8080"
+        )
+        assert line in result.output, result.output
+    store = open_storage(f"{bucket_url}/runs/{run_id}")
+    exits = [json.loads(store.read_bytes(f"exit/worker-{w}.json") or b"{}") for w in range(4)]
+    assert [e["state"] for e in exits] == ["succeeded"] * 4
+    assert {o.key for o in store.list("heartbeats/")} == {f"heartbeats/worker-{w}.json" for w in range(4)}
+    assert {o.key for o in store.list("logs/")} == {f"logs/worker-{w}.log" for w in range(4)}
+    # Teardown deleted every slice once: one forced delete of the queued resource; each slice's first host
+    # deleted its own node (after every worker's exit record) at most once.
+    (delete,) = api_calls(cloud, "DELETE", r"/queuedResources/")
+    assert delete.query.get("force") == "true"
+    assert len(api_calls(cloud, "DELETE", r"/nodes/")) <= 2
+    assert not cloud.nodes() and not cloud.queued_resources()
+
+
+def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
+    script = PRINT_ENV + "import time\\nfor i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
+    spec = multislice_job(tmp_path, bucket_url, script, extra=", spot: true")
+    preempted: list[Any] = []
+
+    def preempt_slice_1_once_all_run() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not preempted:
+            for node in cloud.nodes():
+                run_dir = node.metadata.get("tpu-runner-run-dir")
+                ready = node.node_id.endswith("-1") and node.state == "READY" and run_dir
+                if ready and len(open_storage(run_dir).list("heartbeats/")) == 4:
+                    preempted.append(cloud.preempt(node.node_id))
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=preempt_slice_1_once_all_run, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert preempted, "slice 1 was never preempted"
+    assert result.exit_code == 0, result.output
+    print("\n".join(timeline(result.output)))
+    assert "a slice was preempted: recreating all 2 slices (1/3)" in result.output
+    creates = api_calls(cloud, "POST", r"/queuedResources$")
+    assert len(creates) == 2 and creates[0].query["queuedResourceId"] == creates[1].query["queuedResourceId"]
+    deletes = api_calls(cloud, "DELETE", r"/queuedResources/")
+    assert len(deletes) == 2 and all(d.query.get("force") == "true" for d in deletes)  # replaced once, then done
+    assert all(f"[worker {w}] tick 5" in result.output for w in range(4))
+    assert not cloud.nodes() and not cloud.queued_resources()
