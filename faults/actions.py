@@ -54,6 +54,24 @@ def preempt_when_ready(ctx: Ctx) -> None:
     ctx.preempt(node, at_checkpoint=0, bucket=[])
 
 
+def preempt_one_slice(ctx: Ctx) -> None:
+    """Preempt the last slice of a multislice once every worker of every slice has a heartbeat: the service deletes
+    every slice of the queued resource, and all restart."""
+
+    def running_slice() -> str | None:
+        store = ctx.storage()
+        nodes = sorted((n for n in ctx.own_nodes() if n.state == "READY"), key=lambda n: n.node_id)
+        if store is None or len(nodes) < 2 or store.list("exit/"):
+            return None
+        return str(nodes[-1].node_id) if len(store.list("heartbeats/")) >= 2 * len(nodes) else None
+
+    node = ctx.wait_for(running_slice, timeout=ctx.case.timeout_s, interval=0.2)
+    if node is None:
+        ctx.problem("the slices never all ran: no preemption")
+        return
+    ctx.preempt(node, at_checkpoint=0, bucket=[])
+
+
 def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
     """A READY node whose job's progress.json (in the bucket) is in the first half of an epoch, past its first step:
     the bucket's copy is up to a sync interval (5 s) behind the trainer, which is then still inside that epoch."""

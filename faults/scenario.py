@@ -21,6 +21,7 @@ IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 PROJECT = "test-project"
 ZONES = ("us-central1-b", "us-central1-c")
 THIRD_ZONE = "europe-west4-a"  # also offers v2-8 (runner/plan/tpu_catalog.yaml)
+MULTI_HOST_ZONE = "us-central2-b"  # v4 slices, single and multi-host
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a registry check that cannot tell
 
 Hook = Callable[["Ctx"], object]  # what a hook returns (a fault it added, say) is not used
@@ -74,6 +75,8 @@ class Scenario:
     job: Train | Command = Command()
     spot: bool = False
     provisioning: str | None = None  # accelerator.provisioning (None: the spec's default, auto)
+    accelerator: str = "v2-8"  # accelerator.type (a v4 lives in MULTI_HOST_ZONE, not ZONES)
+    slices: int = 1  # accelerator.slices: above 1, a multislice
     zones: tuple[str, ...] = ZONES
     teardown: dict[str, Any] = field(default_factory=dict)
     retries: dict[str, Any] = field(default_factory=dict)
@@ -94,7 +97,9 @@ class Scenario:
         return isinstance(self.job, Train)
 
     def spec_yaml(self, storage: str, data: str | None) -> str:
-        acc: dict[str, Any] = {"type": "v2-8", "zones": list(self.zones), "project": PROJECT}
+        acc: dict[str, Any] = {"type": self.accelerator, "zones": list(self.zones), "project": PROJECT}
+        if self.slices > 1:
+            acc["slices"] = self.slices
         if self.spot:
             acc["spot"] = True
         if self.provisioning:
@@ -120,6 +125,8 @@ class Scenario:
             job=self.job,
             spot=self.spot,
             provisioning=self.provisioning,
+            accelerator=self.accelerator,
+            slices=self.slices,
             zones=self.zones,
             teardown=self.teardown,
             retries=self.retries,

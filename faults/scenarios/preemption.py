@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from faults import actions, checks
-from faults.scenario import ZONES, Scenario, Train
+from faults.scenario import MULTI_HOST_ZONE, ZONES, Command, Scenario, Train
+
+TICKS = "import time\nfor i in range(8):\n    print('tick', i, flush=True); time.sleep(1)"
 
 CASES = (
     # Epochs of 1536 steps (a few seconds each, longer than the 5 s the bucket lags behind the trainer), so that
@@ -51,5 +53,19 @@ CASES = (
         during=(actions.preempt_mid_epoch,),
         checks=(checks.preemptions(1), checks.same_training_as_uninterrupted),
         reference=True,
+    ),
+    # Two v4-16 slices (2 hosts each) through one queued resource: one slice preempted, every slice recreated.
+    Scenario(
+        "multislice-preempt-one-slice",
+        "one slice of a 2-slice multislice preempted (spot)",
+        "succeeded",
+        0,
+        job=Command(("python", "-c", TICKS)),
+        spot=True,
+        accelerator="v4-16",
+        slices=2,
+        zones=(MULTI_HOST_ZONE,),
+        during=(actions.preempt_one_slice,),
+        checks=(checks.preemptions(1), checks.queued_ran_in(MULTI_HOST_ZONE)),
     ),
 )

@@ -278,11 +278,9 @@ class Run:
             slices = self.plan.cloud.slices if self.plan.cloud is not None else 1
             # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
             # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
-            what = (
-                f"a slice was preempted: recreating all {slices} slices"
-                if slices > 1
-                else ("the machine was preempted: recreating it")
-            )
+            what = "the machine was preempted: recreating it"
+            if slices > 1:
+                what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions}); the job resumes from its newest checkpoint")
             raise _Retry
         if verdict == Verdict.WORKER_LOST:

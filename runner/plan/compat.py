@@ -6,6 +6,7 @@ TPU VM run; `runner validate` runs the same checks offline and reports every fin
     runtime x generation      the catalog's patterns, -pod on multi-host slices, the TF >= 2.18 chip-family names
     framework x hosts         TensorFlow on a pod slice needs a tpu-vm-tf-*-pod-* runtime (and runs on worker 0);
                               open TensorFlow pod bugs are warnings
+    slices x generation       multislice on TPU v4 and later only
     type                      unknown ones get a did-you-mean (v5e-8 -> v5litepod-8); TPU7x is explained as out of
                               the Cloud TPU API's reach, with the route that reaches it
 """
@@ -71,6 +72,15 @@ def check(spec: JobSpec, zones: tuple[str, ...] | None = None) -> tuple[catalog.
     runtime = acc.runtime_version or accel.generation.default_runtime
     if (why := accel.runtime_problem(runtime)) is not None:
         findings.append(Finding(True, f"runtime version {runtime!r} does not run on {accel.name}", why))
+    if acc.slices > 1 and accel.generation.name in ("v2", "v3"):
+        # "Multislice is only supported on Cloud TPU v4 and later" (cloud.google.com/tpu/docs/multislice-introduction)
+        findings.append(
+            Finding(
+                True,
+                f"accelerator.slices {acc.slices}: Cloud TPU Multislice needs TPU v4 or later, not {accel.name}",
+                "use a v4, v5p, v5litepod or v6e type, or one slice",
+            )
+        )
     if spec.training is not None:
         findings += _framework(spec, accel, runtime)
     return accel, findings

@@ -204,13 +204,8 @@ def resolve_cloud_target(
     trainer_workers = "0" if tensorflow and accel.multi_host else "all"
     provisioning = accel.provisioning if acc.provisioning == "auto" else acc.provisioning
     if acc.slices > 1:
-        # Multislice exists only through queued resources (cloud.google.com/tpu/docs/multislice-introduction), on
-        # TPU v4 and later; the spec refuses `provisioning: node` and TensorFlow with it.
-        if accel.generation.name in ("v2", "v3"):
-            raise PlanError(
-                f"accelerator.slices {acc.slices}: Cloud TPU Multislice needs TPU v4 or later, not {accel.name}",
-                hint="use a v4, v5p, v5litepod or v6e type, or one slice",
-            )
+        # Multislice exists only through queued resources (cloud.google.com/tpu/docs/multislice-introduction); the
+        # spec refuses `provisioning: node` and TensorFlow with it, compat.check TPU v2 and v3.
         provisioning = "queued"
     if acc.node:
         provisioning = "node"  # attached: nothing is created

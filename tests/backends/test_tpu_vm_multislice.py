@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from typer.testing import CliRunner
+
+from runner.cli import app
 from runner.storage import open_storage
 from tests.backends.test_tpu_vm_queued import api_calls, timeline
 from tests.cloudjobs import IMAGE, run_id_of, submit
@@ -58,6 +61,10 @@ def test_two_slices_run_four_workers_told_their_slice_and_go_once(cloud, tmp_pat
     assert delete.query.get("force") == "true"
     assert len(api_calls(cloud, "DELETE", r"/nodes/")) <= 2
     assert not cloud.nodes() and not cloud.queued_resources()
+    logs = CliRunner().invoke(app, ["logs", run_id], catch_exceptions=False)
+    assert [line.split(" slice")[0] for line in logs.output.splitlines() if "] worker" in line] == [
+        f"[worker {w}] worker {w} of 4" for w in range(4)
+    ]
 
 
 def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
