@@ -173,28 +173,6 @@ def test_multislice_is_one_queued_resource_with_global_worker_ids() -> None:
     assert len(long_spec["multisliceParams"]["nodeIdPrefix"] + "-2") <= 63
 
 
-@pytest.mark.parametrize(
-    ("accelerator", "training", "message"),
-    [
-        ({"slices": 2, "provisioning": "node"}, None, "Cloud TPU creates through a queued resource only"),
-        ({"slices": 2, "node": "my-vm"}, None, "`node` attaches to one existing TPU VM"),
-        ({"slices": 2}, {"framework": "tensorflow"}, "TensorFlow has no multislice path"),
-        ({"slices": 0}, None, "greater than or equal to 1"),
-    ],
-)
-def test_multislice_refusals_in_the_spec(accelerator: dict, training: dict | None, message: str) -> None:
-    body = {"type": "v4-16", "zone": "us-central2-b", **accelerator}
-    workload = f"training: {json.dumps(training)}" if training else "command: [python, x.py]"
-    text = f"name: j\nimage: {IMAGE}\naccelerator: {json.dumps(body)}\n{workload}\n"
-    from runner.errors import SpecError
-
-    with pytest.raises(SpecError) as info:
-        load_spec_text(text, "job.yaml")
-    assert any(message in problem for problem in info.value.problems), info.value.problems
-    jax = load_spec_text(text.replace('"tensorflow"', '"jax"'), "job.yaml") if training else None
-    assert jax is None or jax.accelerator.slices == 2  # the JAX engine may run on several slices
-
-
 def test_multislice_needs_tpu_v4_or_later() -> None:
     with pytest.raises(PlanError, match="Multislice needs TPU v4 or later"):
         plan(spec(acc_type="v3-32", acc_zone="europe-west4-a", acc_slices=2, training=None, command=["x"]))

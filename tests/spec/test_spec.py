@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -220,3 +221,21 @@ def test_image_references_accepted(image: str) -> None:
 def test_image_references_rejected(image: str) -> None:
     with pytest.raises(ValueError):
         JobSpec.model_validate({"name": "a", "image": image, "training": {}})
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "training", "message"),
+    [
+        ({"slices": 2, "provisioning": "node"}, None, "Cloud TPU creates through a queued resource only"),
+        ({"slices": 2, "node": "my-vm"}, None, "`node` attaches to one existing TPU VM"),
+        ({"slices": 2}, {"framework": "tensorflow"}, "TensorFlow has no multislice path"),
+        ({"slices": 0}, None, "greater than or equal to 1"),
+    ],
+)
+def test_multislice_refusals_in_the_spec(accelerator: dict, training: dict | None, message: str) -> None:
+    body = {"type": "v4-16", "zone": "us-central2-b", **accelerator}
+    workload = f"training: {json.dumps(training)}" if training else "command: [python, x.py]"
+    text = f"name: j\nimage: us-central1-docker.pkg.dev/p-123/r/t:v1\naccelerator: {json.dumps(body)}\n{workload}\n"
+    assert any(message in problem for problem in problems(text)), problems(text)
+    jax = load_spec_text(text.replace('"tensorflow"', '"jax"'), "job.yaml") if training else None
+    assert jax is None or jax.accelerator.slices == 2  # the JAX engine may run on several slices
