@@ -107,6 +107,8 @@ def describe_effective(settings: Mapping[str, Any]) -> str:
             "XLA " + ("?" if jit is None else "on" if jit else "off"),
             f"{settings.get('steps_per_execution')} step(s)/execution",
             f"oneDNN {'?' if onednn is None else 'on' if onednn else 'off'} ({settings.get('onednn_source')})",
-            f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})",
+            f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})"
+            if threads
+            else "threads: XLA's own (not TensorFlow)",
         ]
     )

@@ -250,9 +250,10 @@ def settings_cells(settings: dict[str, Any]) -> list[str]:
 
 
 def render_settings(result: BenchResult) -> list[str]:
+    defaults = "Keras' defaults on JAX" if result.framework == "jax" else "Keras' and TensorFlow's defaults"
     lines = [
-        "What each trainer ran with, read back in its own process (the plain fit's are Keras' and TensorFlow's "
-        "defaults as they resolve on this machine):",
+        f"What each trainer ran with, read back in its own process (the plain fit's are {defaults} as they resolve "
+        "on this machine):",
         "",
         "| batch | trainer | precision | XLA | steps/execution | oneDNN | threads intra / inter | input |",
         "|---:|---|---|---|---:|---|---|---|",

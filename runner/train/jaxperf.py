@@ -6,7 +6,9 @@ perf.py makes these choices for TensorFlow; JAX needs its own, because the same 
     on JAX; False would run each op eagerly). Nothing to choose; a restored model gets it back on (a TensorFlow
     checkpoint from a CPU run says jit_compile False).
   * Precision and steps per execution on CPU: see the constants below, measured on the 2-core AMD EPYC Zen 4 with
-    AVX512-BF16 (TensorFlow 2.20, Keras 3.15.1, JAX 0.10.2; docs/bench.md has the commands).
+    AVX512-BF16 (Keras 3.15.1, JAX 0.10.2) with `scripts/bench_jax_choices.py` (docs/bench.md has the numbers).
+    Unlike TensorFlow's oneDNN kernels, XLA's CPU backend gained nothing from bfloat16 there, so there is no
+    start-up calibration on JAX: float32 on every CPU.
   * TPU and GPU: the same table as TensorFlow's, unmeasured here: bfloat16 on TPU (the MXU's native input type,
     Cloud TPU docs), float16 on GPUs of compute capability 7.0+ (tensor cores, Keras mixed-precision guide), and
     many steps per call on TPU (Cloud TPU performance guide: a host round trip costs more than an MNIST step).
@@ -21,9 +23,10 @@ from typing import Any
 
 from runner.train import perf
 
-# mnist_cnn at batch 1024, our JAX engine, epochs of the two settings taking turns (see docs/bench.md):
-CPU_BF16_RATIO = "0.46x"  # mixed_bfloat16 over float32, examples/s: XLA's CPU backend does not gain from bf16
-CPU_STEPS_RATIO = "1.00x"  # steps_per_execution 4 over 1: noise; a CPU step is long next to Python's overhead
+# mnist_cnn at batch 1024 through the engine's feed and fit, the variants taking turns, 6 rounds of 4 steps
+# (`scripts/bench_jax_choices.py`, 2026-12-03; a shared machine, float32 steps took 1.8-3.5 s):
+CPU_BF16_RATIO = "0.87x"  # mixed_bfloat16 over float32, examples/s: XLA's CPU backend does not gain from bf16
+CPU_STEPS_RATIO = "1.03x"  # steps_per_execution 4 over 1: noise; a CPU step is long next to Python's overhead
 TPU_STEPS = 50
 
 
