@@ -18,6 +18,7 @@ summary (the run-directory contract is one). Here:
 from __future__ import annotations
 
 import importlib.abc
+import logging
 import os
 import sys
 import time
@@ -76,6 +77,9 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext) -> Any:
             "Keras 3 on JAX cannot read; set training.framework: tensorflow to continue it"
         )
     hint = expect(ctx.strategy_hint)  # before JAX is imported
+    # JAX logs at INFO each platform it cannot start ("Unable to initialize backend 'tpu'"), which the trainer's
+    # INFO logging would print on every CPU run; what matters reaches the strategy line (its note) or the error.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     keras = keras_on_jax(force=True)
     # Before initialize(): with a seed set, Keras does not agree on one across hosts with a collective.
     keras.utils.set_random_seed(cfg.seed)
