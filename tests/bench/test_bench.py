@@ -720,3 +720,22 @@ def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -
     assert ours.test_accuracy > 0.3 and plain.test_accuracy > 0.3
     assert "runner.train.npdata" in ours.settings["input"]
     assert "on Keras 3 on JAX: our trainer vs a plain model.fit" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_puts_both_engines_side_by_side(tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(perf.CPU_FLAGS_ENV, NO_BF16)  # no calibration: this test is about the layout
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "bench"
+    args = ["--batch-sizes", "128", "--epochs", "2", "--examples", "512", "--test-examples", "128"]
+    result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])  # the default: both
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    engines = {name: report.load(out / name) for name in ("tensorflow", "jax")}
+    for name, bench_result in engines.items():
+        assert bench_result.framework == name and {a.trainer for a in bench_result.arms} == {"ours", "baseline"}
+        assert all(a.test_accuracy > 0.3 for a in bench_result.arms)  # 4 steps of 128 reached 0.5-0.7 here
+    assert engines["tensorflow"].versions["engine"].startswith("TensorFlow ")
+    assert engines["jax"].versions["engine"].startswith("JAX ")
+    compared = (out / "compare.md").read_text()
+    assert "TensorFlow, our trainer" in compared and "JAX, our trainer" in compared
+    assert "on TensorFlow: our trainer vs" in result.output and "on Keras 3 on JAX: our trainer vs" in result.output
