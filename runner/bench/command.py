@@ -197,6 +197,13 @@ def bench(
     if xla not in ("auto", "on", "off"):
         raise UsageError(f"--xla {xla!r}: use auto, on or off")
     frameworks = _frameworks(framework)
+    from runner.train.strategy import tpu_present
+
+    if len(frameworks) > 1 and tpu_present():
+        raise UsageError(
+            "on a TPU host the bench runs in one process, which only one engine can hold the TPU from: run "
+            "--framework tensorflow and --framework jax one after the other, then --compare the two"
+        )
     if xla == "off" and "jax" in frameworks:
         raise UsageError("--xla off: the JAX engine always compiles with XLA; give --framework tensorflow")
     preset = QUICK if quick else {"epochs": 3, "examples": None, "test_examples": None}

@@ -558,6 +558,9 @@ def test_framework_option_defaults_to_the_engines_installed(monkeypatch: pytest.
         command._frameworks(None)
     result = CliRunner().invoke(_app(), ["--framework", "jax", "--xla", "off"])
     assert result.exit_code != 0 and "always compiles with XLA" in str(result.exception)
+    monkeypatch.setenv("RUNNER_TPU_NAME", "local")  # a TPU host: one process, one engine
+    result = CliRunner().invoke(_app(), ["--framework", "tensorflow,jax"])
+    assert result.exit_code != 0 and "one after the other" in str(result.exception)
 
 
 # -- the real bench, on a slice of real MNIST -----------------------------------------------------------------------
