@@ -1,6 +1,7 @@
 """Our trainer vs the notebook's plain `model.fit` on numpy arrays: examples/s and final test accuracy, one run.
 
     .venv/bin/python scripts/bench_speedup.py                 # batch 1024, full MNIST, 5 epochs, seeds 0 and 1
+    .venv/bin/python scripts/bench_speedup.py --framework jax  # our JAX engine against the same TensorFlow plain fit
 
 For each seed, both trainers train the same model (runner.train.models.mnist_cnn, Adam, same learning rate and
 seed) for the same number of epochs, each in its own process, taking turns epoch by epoch (ABBA) so that the noise
@@ -48,6 +49,13 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=1.5)
     parser.add_argument("--max-gap", type=float, default=0.3, help="accuracy gap allowed, in percentage points")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' bench.json files here")
+    parser.add_argument("--framework", choices=("tensorflow", "jax"), default="tensorflow", help="our trainer's engine")
+    parser.add_argument(
+        "--baseline-framework",
+        choices=("tensorflow", "jax"),
+        default="tensorflow",
+        help="the plain fit's engine (the notebook's: tensorflow)",
+    )
     args = parser.parse_args()
 
     runs: list[BenchResult] = []
@@ -64,6 +72,8 @@ def main() -> int:
             examples=args.examples,
             learning_rate=args.learning_rate,
             seed=seed,
+            framework=args.framework,
+            baseline_framework=args.baseline_framework,
         )
         out = args.out / f"seed{seed}" if args.out else Path(tempfile.mkdtemp(prefix="bench-speedup-"))
         print(f"seed {seed}: {args.epochs} epochs per trainer, batch {args.batch_size}", flush=True)

@@ -5,12 +5,16 @@
     ours       runner.train.trainer itself: prepare() (device choices of perf.py, the tf.data pipeline, the compiled
                model), the contract's callbacks (metrics, checkpoints, TensorBoard), validation after each epoch
 
-Both build runner.train.models.mnist_cnn with the same optimizer, learning rate, loss and seed. TensorFlow is
-imported when an arm is made, after its process's environment is set: importing this module stays cheap.
+Both build runner.train.models.mnist_cnn with the same optimizer, learning rate, loss and seed, on the engine the
+spec names: TensorFlow (tf.keras), or Keras 3 on JAX (`framework` "jax": the plain fit on Keras 3's JAX backend, ours
+the trainer's JAX engine), where no TensorFlow is imported, so that arm runs where only numpy, jax and keras are
+installed. The engine is imported when an arm is made, after its process's environment is set: importing this
+module stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -38,6 +42,7 @@ class ArmSpec:
     steps_per_execution: int | None = None  # ours only
     jit_compile: bool | None = None  # ours only: None is perf.jit_compile's choice
     data: str | None = None  # an MNIST .npz; None: the trainer's search order
+    framework: str = "tensorflow"  # or "jax": Keras 3 on JAX, for both trainers
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,15 +81,13 @@ class BaselineArm:
 
     def __init__(self, spec: ArmSpec, strategy: Any = None) -> None:
         import numpy as np
-        import tensorflow as tf
 
         from runner.bench.effective import effective_settings
-        from runner.train import trainer
         from runner.train.data import find_mnist, limit
         from runner.train.models import build_model, make_optimizer
 
-        keras = tf.keras
-        data, _ = find_mnist(spec.data)
+        tf, keras, versions = _engine(spec.framework)
+        data, _ = find_mnist(spec.data, keras)
         data = limit(data, spec.examples, spec.test_examples)
         # The notebook's preprocessing: float32 in [0, 1], a channel axis, integer labels.
         self.x = (data.x_train.astype(np.float32) / 255.0)[..., np.newaxis]
@@ -94,7 +97,7 @@ class BaselineArm:
         self.spec, self.epoch_index = spec, 0
         keras.utils.set_random_seed(spec.seed)
         keras.mixed_precision.set_global_policy("float32")
-        with (strategy or tf.distribute.get_strategy()).scope():
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
             self.model = build_model("mnist_cnn", keras)
             self.model.compile(
                 optimizer=make_optimizer("adam", spec.learning_rate, keras),
@@ -106,8 +109,7 @@ class BaselineArm:
             "trainer": "baseline",
             "examples_per_epoch": len(self.x),
             "test_examples": len(self.x_test),
-            "keras": trainer.keras_version(),
-            "tensorflow": tf.__version__,
+            **versions,
             # Keras' and TensorFlow's defaults, as they resolve here (e.g. oneDNN is on by default on CPUs with
             # AVX512-VNNI/BF16 or AMX, off on AVX2-only ones): read back, not assumed.
             "settings": {"input": "numpy float32 arrays", "effective": effective_settings(tf, self.model)},
@@ -152,6 +154,7 @@ class TrainerArm:
             seed=spec.seed,
             steps_per_execution=spec.steps_per_execution,
             precision=spec.precision,
+            framework=spec.framework,
         )
         env = {k: v for k, v in os.environ.items() if k in (contract.STRATEGY, contract.TPU_NAME)}
         ctx = contract.JobContext.from_env({**env, contract.OUTPUT_DIR: str(self.tmp), contract.RUN_ID: "bench"})
@@ -159,17 +162,17 @@ class TrainerArm:
         self.callbacks, _ = trainer.make_callbacks(self.run)
         self.timer = _timer(self.run.keras)
         self._trainer = trainer
-        import tensorflow as tf
-
+        tf, _, versions = _engine(spec.framework)
         resolved = self.run.resolved
         self.info = {
             "trainer": "ours",
             "examples_per_epoch": self.run.steps * spec.batch_size,
             "test_examples": self.run.test_examples,
-            "keras": trainer.keras_version(),
-            "tensorflow": tf.__version__,
+            **versions,
             "settings": {
-                "input": "tf.data (runner.train.data)",
+                "input": "numpy through keras.utils.PyDataset (runner.train.npdata)"
+                if tf is None
+                else "tf.data (runner.train.data)",
                 **self.run.perf.as_dict(),
                 "effective": effective_settings(tf, self.run.model),
             },
@@ -178,7 +181,9 @@ class TrainerArm:
 
     @property
     def strategy(self) -> Any:
-        return self.run.resolved.strategy
+        """The tf.distribute strategy the baseline shares in one process; None on JAX, whose distribution is
+        global (keras.distribution.set_distribution) and so the baseline's too."""
+        return getattr(self.run.resolved, "strategy", None)
 
     def epoch(self) -> EpochTime:
         e = self.epoch_index
@@ -197,7 +202,11 @@ def describe_device(tf: Any, kind: str, devices: list[str], cpu: str) -> dict[st
 
     cpus = usable_cpus()
     out: dict[str, Any] = {"kind": kind, "devices": devices, "cpu": cpu, "cpus": cpus}
-    if kind == "gpu":
+    if kind == "gpu" and tf is None:
+        import jax
+
+        out["name"] = getattr(jax.devices("gpu")[0], "device_kind", "GPU")
+    elif kind == "gpu":
         gpus = tf.config.list_physical_devices("GPU")
         out["name"] = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else "GPU"
     elif kind == "tpu":
@@ -206,6 +215,23 @@ def describe_device(tf: Any, kind: str, devices: list[str], cpu: str) -> dict[st
         out["name"] = f"{cpu} ({cpus} CPUs)"
     out["label"] = f"{kind}: {out['name']}"
     return out
+
+
+def _engine(framework: str) -> tuple[Any, Any, dict[str, str]]:
+    """(tensorflow or None, the Keras to build with, the versions to report) for the arm's engine."""
+    if framework == "jax":
+        import jax
+
+        from runner.train.distribution import keras_on_jax
+
+        keras = keras_on_jax(force=True)
+        return None, keras, {"engine": f"JAX {jax.__version__}", "keras": f"keras {keras.__version__}"}
+    os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras under Keras 3 follows it: never JAX in this arm
+    import tensorflow as tf
+
+    from runner.train.trainer import keras_version
+
+    return tf, tf.keras, {"engine": f"TensorFlow {tf.__version__}", "keras": keras_version()}
 
 
 def make_arm(spec: ArmSpec, strategy: Any = None) -> BaselineArm | TrainerArm:
@@ -222,6 +248,10 @@ def serve(conn: Any, spec: dict[str, Any], log_path: str) -> None:
     if arm_spec.trainer == "baseline":
         for key in TRAINER_ENV:
             os.environ.pop(key, None)
+    if arm_spec.framework == "jax":  # as the trainer's own process runs (Keras' optional TensorFlow probes find none)
+        from runner.train.jax_engine import keep_tensorflow_out
+
+        keep_tensorflow_out()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # Two worker processes share a GPU (one runs at a time); TensorFlow would otherwise give all of its memory to
     # whichever starts first.

@@ -1,14 +1,17 @@
-"""`runner bench`: the notebook's experiment on the devices here, our trainer against a plain model.fit.
+"""`runner bench`: the notebook's experiment on the devices here, our trainer against a plain model.fit, on each
+engine (TensorFlow, Keras 3 on JAX) side by side.
 
 Only typer and the standard library are imported at module level, so registering the command keeps `runner --help`
-fast; TensorFlow is imported by the bench's worker processes.
+fast; TensorFlow or JAX is imported by the bench's worker processes, and `--framework jax` never imports TensorFlow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,6 +21,43 @@ if TYPE_CHECKING:
     from runner.bench.harness import BenchOptions
 
 QUICK = {"epochs": 2, "examples": 8192, "test_examples": 2048}
+
+
+FRAMEWORKS = ("tensorflow", "jax")
+
+
+def installed_frameworks() -> tuple[str, ...]:
+    """The engines whose packages are installed here (found, not imported): TensorFlow; JAX with Keras 3."""
+    import importlib.util
+
+    def found(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, a half-installed package
+            return False
+
+    present = {"tensorflow": found("tensorflow"), "jax": found("jax") and found("keras")}
+    return tuple(f for f in FRAMEWORKS if present[f])
+
+
+def _frameworks(text: str | None) -> tuple[str, ...]:
+    from runner.errors import UsageError
+
+    if text is None:
+        chosen = installed_frameworks()
+        if not chosen:
+            raise UsageError("neither TensorFlow nor JAX with Keras 3 is installed here: pip install tpu-runner[train]")
+        return chosen
+    chosen = tuple(dict.fromkeys(part for part in text.replace(" ", "").lower().split(",") if part))
+    unknown = [f for f in chosen if f not in FRAMEWORKS]
+    if not chosen or unknown:
+        raise UsageError(f"--framework {text!r}: use tensorflow, jax, or both separated by a comma")
+    return chosen
+
+
+def _printer(prefix: str) -> Callable[[str], None]:
+    """Progress lines to stderr, each after `prefix` (the engine's name when there are two)."""
+    return lambda line: typer.echo(prefix + line, err=True)
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -125,9 +165,17 @@ def bench(
         str, typer.Option(help="Our trainer's XLA compilation: auto (the device's choice), on or off.")
     ] = "auto",
     data: Annotated[str | None, typer.Option(help="An MNIST .npz (local or gs://). [default: the data cache]")] = None,
+    framework: Annotated[
+        str | None,
+        typer.Option(
+            help="The engine both trainers run on: tensorflow, jax (Keras 3 on JAX; needs no TensorFlow), or "
+            "tensorflow,jax for both side by side. [default: each one installed here]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce the 'GPU vs TPU' notebook: epoch and per-example step time at each batch size, for our trainer
-    and for a plain model.fit on numpy arrays, epochs interleaved; writes bench.md, bench.json and bench.png."""
+    and for a plain model.fit on numpy arrays, epochs interleaved, on each engine; writes bench.md, bench.json and
+    bench.png (per engine in a folder of its name when there are two, with compare.md beside them)."""
     from runner.bench import report
     from runner.errors import UsageError
 
@@ -148,6 +196,16 @@ def bench(
         raise UsageError(f"--precision {precision!r}: use auto or one of {', '.join(PRECISIONS)}")
     if xla not in ("auto", "on", "off"):
         raise UsageError(f"--xla {xla!r}: use auto, on or off")
+    frameworks = _frameworks(framework)
+    from runner.train.strategy import tpu_present
+
+    if len(frameworks) > 1 and tpu_present():
+        raise UsageError(
+            "on a TPU host the bench runs in one process, which only one engine can hold the TPU from: run "
+            "--framework tensorflow and --framework jax one after the other, then --compare the two"
+        )
+    if xla == "off" and "jax" in frameworks:
+        raise UsageError("--xla off: the JAX engine always compiles with XLA; give --framework tensorflow")
     preset = QUICK if quick else {"epochs": 3, "examples": None, "test_examples": None}
     options = BenchOptions(
         batch_sizes=_batch_sizes(batch_sizes),
@@ -167,13 +225,28 @@ def bench(
     _check_against_spec(options)
     directory = out or _default_out()
     typer.echo(
-        f"bench: batch sizes {', '.join(map(str, options.batch_sizes))}; {options.epochs} epochs each; "
-        f"{options.examples or 'all'} training examples; output {directory}",
+        f"bench: {', '.join(frameworks)}; batch sizes {', '.join(map(str, options.batch_sizes))}; "
+        f"{options.epochs} epochs each; {options.examples or 'all'} training examples; output {directory}",
         err=True,
     )
-    result = run_bench(options, directory, say=lambda line: typer.echo(line, err=True), command=" ".join(sys.argv))
-    written = report.write(result, directory)
-    typer.echo(report.render_markdown(result))
-    if written["plot"] is None:
-        typer.echo("matplotlib is not installed: no bench.png (pip install matplotlib)", err=True)
-    typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)
+    results = []
+    for engine in frameworks:
+        # Engine after engine, each with both of its trainers taking turns: the ratio that matters is within one.
+        where = directory / engine if len(frameworks) > 1 else directory
+        prefix = f"{engine}: " if len(frameworks) > 1 else ""
+        result = run_bench(
+            dataclasses.replace(options, framework=engine),
+            where,
+            say=_printer(prefix),
+            command=" ".join(sys.argv),
+        )
+        written = report.write(result, where)
+        typer.echo(report.render_markdown(result))
+        if written["plot"] is None:
+            typer.echo("matplotlib is not installed: no bench.png (pip install matplotlib)", err=True)
+        typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)
+        results.append(result)
+    if len(results) > 1:
+        typer.echo(report.render_comparison(results))
+        written = report.write_comparison(results, directory)
+        typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)

@@ -55,7 +55,8 @@ def effective_threads(tf: Any, environ: Mapping[str, str] | None = None) -> dict
 def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
     """What a compiled Keras model will really run with, read back from the model and TensorFlow rather than from
     what was asked: dtype policy (and any layer computing in another dtype), XLA, steps per execution, oneDNN,
-    thread pools. The same keys for every trainer, so `runner bench` shows both of its arms alike."""
+    thread pools (`tf` None: Keras 3 on JAX, without the last two). The same keys for every trainer, so
+    `runner bench` shows both of its arms alike."""
     policy = getattr(model, "dtype_policy", None)
     precision = str(getattr(policy, "name", policy or "float32"))
     others = sorted(
@@ -73,6 +74,15 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
         steps = getattr(model, "_steps_per_execution", None)
     if hasattr(steps, "numpy"):
         steps = int(steps.numpy())
+    if tf is None:  # Keras 3 on JAX: XLA compiles for the CPU itself; TensorFlow's oneDNN and pools do not apply
+        return {
+            "precision": precision,
+            "jit_compile": None if jit is None else bool(jit),
+            "steps_per_execution": steps,
+            "onednn": None,
+            "onednn_source": "not TensorFlow",
+            "threads": None,
+        }
     return {
         "precision": precision,
         "jit_compile": None if jit is None else bool(jit),
@@ -97,6 +107,8 @@ def describe_effective(settings: Mapping[str, Any]) -> str:
             "XLA " + ("?" if jit is None else "on" if jit else "off"),
             f"{settings.get('steps_per_execution')} step(s)/execution",
             f"oneDNN {'?' if onednn is None else 'on' if onednn else 'off'} ({settings.get('onednn_source')})",
-            f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})",
+            f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})"
+            if threads
+            else "threads: XLA's own (not TensorFlow)",
         ]
     )

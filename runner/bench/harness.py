@@ -41,12 +41,16 @@ class BenchOptions:
     steps_per_execution: int | None = None
     jit_compile: bool | None = None
     data: str | None = None
+    framework: str = "tensorflow"  # the engine of both trainers: tensorflow or jax
+    baseline_framework: str | None = None  # the plain fit's engine when not `framework` (the notebook's: tensorflow)
     label: str | None = None
     in_process: bool | None = None  # None: in one process on a TPU host, in two worker processes elsewhere
 
     def spec(self, trainer: str, batch_size: int) -> ArmSpec:
         """One arm's settings: every field ArmSpec shares with these options, and the arm's trainer and batch."""
         shared = {f.name: getattr(self, f.name) for f in fields(ArmSpec) if f.name not in ("trainer", "batch_size")}
+        if trainer == "baseline" and self.baseline_framework:
+            shared["framework"] = self.baseline_framework
         return ArmSpec(trainer=trainer, batch_size=batch_size, **shared)
 
 
@@ -212,7 +216,9 @@ def run_bench(
         group_results, info = _run_group(options, batches, out, in_process, say)
         results += group_results
     device = info["ours"].get("device", {})
-    versions = {"tensorflow": f"TensorFlow {info['ours']['tensorflow']}", "keras": info["ours"]["keras"]}
+    versions = {"engine": info["ours"]["engine"], "keras": info["ours"]["keras"]}
+    if info["baseline"]["engine"] != info["ours"]["engine"]:
+        versions["engine_baseline"] = f"{info['baseline']['engine']} (plain fit)"
     if info["baseline"]["keras"] != info["ours"]["keras"]:
         versions["keras_baseline"] = f"{info['baseline']['keras']} (plain fit)"
     schedule = (
@@ -220,8 +226,10 @@ def run_bench(
         if in_process
         else "each trainer and batch size in its own process, epochs taking turns (ABBA), one running at a time"
     )
+    engine = "JAX" if options.framework == "jax" else "TensorFlow"
     return BenchResult(
-        label=options.label or device.get("label", "this machine"),
+        label=options.label or f"{device.get('label', 'this machine')}, {engine}",
+        framework=options.framework,
         device=device,
         versions=versions,
         train_examples=int(info["baseline"]["examples_per_epoch"]),  # the plain fit trains on every example

@@ -63,7 +63,7 @@ class ArmResult:
 class BenchResult:
     label: str  # what ran, e.g. "cpu: AMD EPYC 7B13 (2 CPUs)"
     device: dict[str, Any]
-    versions: dict[str, str]  # e.g. {"tensorflow": "TensorFlow 2.20.0", "keras": "keras 3.15.1"}
+    versions: dict[str, str]  # e.g. {"engine": "TensorFlow 2.20.0", "keras": "keras 3.15.1"}
     train_examples: int
     test_examples: int
     epochs: int
@@ -71,6 +71,7 @@ class BenchResult:
     arms: tuple[ArmResult, ...]
     command: str = ""
     created: float = 0.0
+    framework: str = "tensorflow"  # the engine both trainers ran on (results from before the JAX engine: TensorFlow)
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -135,6 +136,7 @@ class BenchResult:
             arms=arms,
             command=data.get("command", ""),
             created=data.get("created", 0.0),
+            framework=str(data.get("framework") or "tensorflow"),
         )
 
 
@@ -190,8 +192,9 @@ def _header(result: BenchResult) -> str:
 
 def render_markdown(result: BenchResult) -> str:
     """One run: both trainers at every batch size, with the notebook's published numbers beside them."""
+    engine = "Keras 3 on JAX" if result.framework == "jax" else "TensorFlow"
     lines = [
-        "## MNIST CNN of the 'GPU vs TPU' notebook: our trainer vs a plain model.fit",
+        f"## MNIST CNN of the 'GPU vs TPU' notebook on {engine}: our trainer vs a plain model.fit",
         "",
         _header(result),
         "",
@@ -247,9 +250,10 @@ def settings_cells(settings: dict[str, Any]) -> list[str]:
 
 
 def render_settings(result: BenchResult) -> list[str]:
+    defaults = "Keras' defaults on JAX" if result.framework == "jax" else "Keras' and TensorFlow's defaults"
     lines = [
-        "What each trainer ran with, read back in its own process (the plain fit's are Keras' and TensorFlow's "
-        "defaults as they resolve on this machine):",
+        f"What each trainer ran with, read back in its own process (the plain fit's are {defaults} as they resolve "
+        "on this machine):",
         "",
         "| batch | trainer | precision | XLA | steps/execution | oneDNN | threads intra / inter | input |",
         "|---:|---|---|---|---:|---|---|---|",

@@ -6,19 +6,22 @@ epoch, global step) that the other callbacks read. It must come first in the lis
 
 Every file is made to appear atomically (write a hidden temp file, then rename), because the supervisor mirrors
 the directory to Cloud Storage while training runs and must never upload half a file.
+
+Both engines use them: the base class is the Callback of the Keras the trainer chose before importing this module
+(tf_keras when TF_USE_LEGACY_KERAS says so, on TensorFlow only; else Keras 3 on the backend KERAS_BACKEND names). No
+TensorFlow import here: under Keras 3, tf.keras.callbacks.Callback is keras.callbacks.Callback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import tensorflow as tf
 
 from runner.storage.local import write_atomic
 from runner.train.checkpoints import (
@@ -30,11 +33,24 @@ from runner.train.checkpoints import (
     checkpoint_name,
     describe,
 )
+from runner.train.tbevents import EventFile
 from runner.watch import rundir
 
-# tf.keras is Keras 3 or tf_keras depending on TF_USE_LEGACY_KERAS, which the trainer sets before this import.
-keras = tf.keras
-# The base class, as Any: mypy cannot see through tf.keras (Keras 3 or tf_keras, chosen at import).
+
+def _chosen_keras() -> Any:
+    """The Keras the trainer chose (it sets the variables before importing this module)."""
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")
+    if legacy and os.environ.get("KERAS_BACKEND") != "jax":
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+keras = _chosen_keras()
+# The base class, as Any: mypy cannot see which Keras was chosen at import.
 _Callback: Any = keras.callbacks.Callback
 
 PRINT_EVERY_S = 5.0  # progress lines in the log
@@ -240,7 +256,10 @@ class Progress(_Callback):
 class Checkpointer(_Callback):
     """Saves model + optimizer state when the policy says so (epoch ends, or wall-clock time mid-epoch) and when a
     stop signal arrives: at the next step end mid-epoch, exactly there, then TrainingInterrupted; during an
-    epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it."""
+    epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it.
+
+    With `saves` False (a JAX process other than process 0 of a multi-host run, where process 0 alone writes the
+    run directory) it never saves, and stops where process 0 does."""
 
     def __init__(
         self,
@@ -251,10 +270,12 @@ class Checkpointer(_Callback):
         keras_impl: str,
         data: DataOrder,
         saved_at: Checkpoint | None = None,
+        framework: str = "tensorflow",
+        saves: bool = True,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
-        self.keras_impl, self.data = keras_impl, data
+        self.keras_impl, self.data, self.framework, self.saves = keras_impl, data, framework, saves
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
     def save(self) -> Checkpoint:
@@ -269,6 +290,7 @@ class Checkpointer(_Callback):
             global_step=self.cursor.global_step,
             keras=self.keras_impl,
             data=self.data,
+            framework=self.framework,
         )
         self.newest = self.store.publish(tmp, entry)
         self.policy.saved()
@@ -281,7 +303,9 @@ class Checkpointer(_Callback):
         """Make sure a checkpoint holds the current position, and say where the job stopped."""
         where = describe(self.cursor.position, self.cursor.steps)
         signame = self.stop.name
-        if self._saved_here():
+        if not self.saves:
+            print(f"[trainer] {signame}: stopped at {where}; process 0 saves the checkpoint", flush=True)
+        elif self._saved_here():
             assert self.newest is not None
             print(
                 f"[trainer] {signame}: {self.newest.file} already holds {where} "
@@ -300,15 +324,37 @@ class Checkpointer(_Callback):
         if self.stop.signum is not None:
             self.stop_here()
             raise TrainingInterrupted(self.stop.signum)
-        if self.policy.due_mid_epoch():
+        if self.saves and self.policy.due_mid_epoch():
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.stop.signum is not None:
             self.stop_here()
             self.model.stop_training = True
-        elif self.policy.due_at_epoch_end(epoch + 1) and not self._saved_here():
+        elif self.saves and self.policy.due_at_epoch_end(epoch + 1) and not self._saved_here():
             self.save()
+
+
+class ScalarBoard(_Callback):
+    """Epoch scalars for TensorBoard without TensorFlow (runner.train.tbevents), with keras.callbacks.TensorBoard's
+    layout and tags: train/ and validation/, epoch_loss, epoch_accuracy, ... at step = the 0-based epoch. One file
+    each per process, not one per fit call (the trainer fits each epoch on its own)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.train, self.validation = EventFile(directory / "train"), EventFile(directory / "validation")
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        values = _floats(logs)
+        self.train.write(epoch, {f"epoch_{k}": v for k, v in values.items() if not k.startswith("val_")})
+        validation = {f"epoch_{k[4:]}": v for k, v in values.items() if k.startswith("val_")}
+        if validation:
+            self.validation.write(epoch, validation)
+
+    def close(self) -> None:
+        """Every record is flushed as it is written; this only lets go of the files."""
+        self.train.close()
+        self.validation.close()
 
 
 def _fmt(logs: dict[str, Any] | None) -> str:

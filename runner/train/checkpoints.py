@@ -108,14 +108,43 @@ def archive_keras(path: Path) -> str | None:
     return "tf_keras" if version.startswith("2.") else "keras3" if version.startswith("3.") else None
 
 
+# How an engine draws an epoch's order from (seed, epoch): the same seed gives other batches under each.
+TF_SHUFFLE = "tf.random.experimental.stateless_shuffle"  # runner.train.data (TensorFlow)
+NUMPY_SHUFFLE = "numpy.random.RandomState.permutation"  # runner.train.npdata (JAX)
+
+
 @dataclass(frozen=True)
 class DataOrder:
-    """What fixes an epoch's batches (runner.train.data): a mid-epoch position only means something for the same."""
+    """What fixes an epoch's batches (runner.train.data, runner.train.npdata): a mid-epoch position only means
+    something for the same. Manifests from before the JAX engine say no `shuffle`: theirs is TensorFlow's."""
 
     seed: int
     examples: int
     batch_size: int
     steps_per_epoch: int
+    shuffle: str = TF_SHUFFLE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "examples": self.examples,
+            "batch_size": self.batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "shuffle": self.shuffle,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> DataOrder:
+        counts = {k: int(raw[k]) for k in ("seed", "examples", "batch_size", "steps_per_epoch")}
+        return cls(**counts, shuffle=str(raw.get("shuffle") or TF_SHUFFLE))
+
+
+def _framework(raw: Any) -> str | None:
+    """The manifest entry's engine: absent in manifests from before the JAX engine (TensorFlow's), null when
+    unknown."""
+    if "framework" not in raw:
+        return "tensorflow"
+    return str(raw["framework"]) if raw["framework"] else None
 
 
 @dataclass(frozen=True)
@@ -131,6 +160,9 @@ class Checkpoint:
     keras: str | None = None
     time: float | None = None
     data: DataOrder | None = None
+    # The engine that wrote it (training.framework), None when unknown: a checkpoint found by a directory scan (the
+    # archive does not say) or listed as such. Manifests from before the JAX engine have no such key: TensorFlow's.
+    framework: str | None = None
 
     @property
     def position(self) -> Position:
@@ -145,15 +177,11 @@ class Checkpoint:
             "size": self.size,
             "crc32c": self.crc32c,
             "keras": self.keras,
+            "framework": self.framework,
             "time": self.time,
         }
         if self.data is not None:
-            out["data"] = {
-                "seed": self.data.seed,
-                "examples": self.data.examples,
-                "batch_size": self.data.batch_size,
-                "steps_per_epoch": self.data.steps_per_epoch,
-            }
+            out["data"] = self.data.to_json()
         return out
 
     @classmethod
@@ -174,7 +202,8 @@ class Checkpoint:
                 crc32c=None if raw.get("crc32c") is None else str(raw["crc32c"]),
                 keras=None if raw.get("keras") is None else str(raw["keras"]),
                 time=None if raw.get("time") is None else float(raw["time"]),
-                data=None if data is None else DataOrder(**{k: int(data[k]) for k in DataOrder.__dataclass_fields__}),
+                data=None if data is None else DataOrder.from_json(data),
+                framework=_framework(raw),
             )
         except ManifestError:
             raise
@@ -216,7 +245,15 @@ def parse_manifest(raw: bytes) -> list[Checkpoint]:
         position = parse_name(str(doc["path"]))
         if position is None:
             raise ManifestError(f"{doc['path']!r} is not a checkpoint file name")
-        entries = [Checkpoint(file=str(doc["path"]), epochs_done=position[0], step=position[1], keras=doc.get("keras"))]
+        entries = [
+            Checkpoint(
+                file=str(doc["path"]),
+                epochs_done=position[0],
+                step=position[1],
+                keras=doc.get("keras"),
+                framework="tensorflow",  # format 1 predates the JAX engine
+            )
+        ]
     else:
         raise ManifestError("it lists no checkpoint")
     return sorted(entries, key=lambda c: c.position, reverse=True)
@@ -318,6 +355,11 @@ class Candidate:
     @property
     def keras(self) -> str | None:
         return self.checkpoint.keras or archive_keras(self.path)
+
+    @property
+    def framework(self) -> str | None:
+        """The engine that wrote it; None for a checkpoint found by a directory scan (its archive does not say)."""
+        return self.checkpoint.framework if self.listed else None
 
 
 def verify(candidate: Candidate) -> str | None:

@@ -1,4 +1,5 @@
-"""MNIST for the trainer: find the arrays, then feed them through tf.data with static shapes.
+"""MNIST for the trainer: find the arrays, then feed them through tf.data with static shapes (the TensorFlow engine;
+the JAX engine's numpy feed is npdata.py).
 
 Batches always have the same shape (drop_remainder on the training set, zero-weight padding on the test set), so
 the same pipeline compiles once on TPU, where every new shape is a new XLA program.
@@ -31,9 +32,10 @@ def _fetch_remote(url: str) -> Path:
     return local
 
 
-def find_mnist(data: str | None) -> tuple[Mnist, str]:
+def find_mnist(data: str | None, keras: Any = None) -> tuple[Mnist, str]:
     """The arrays and where they came from. Order: the spec's `data`, the runner's data cache
-    ($RUNNER_DATA_DIR), the Keras cache, then the Keras download (needs internet)."""
+    ($RUNNER_DATA_DIR), the Keras cache, then the Keras download (needs internet) with `keras` (the JAX engine's
+    Keras 3), else tf.keras."""
     if data:
         path = _fetch_remote(data) if data.startswith("gs://") else Path(data).expanduser()
         if not path.exists():
@@ -47,10 +49,12 @@ def find_mnist(data: str | None) -> tuple[Mnist, str]:
     for candidate in candidates:
         if candidate is not None and candidate.is_file():
             return datasets.load_npz(candidate), str(candidate)
-    import tensorflow as tf
+    if keras is None:
+        import tensorflow as tf
 
-    log.info("MNIST not cached; downloading it with tf.keras.datasets.mnist.load_data()")
-    (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+        keras = tf.keras
+    log.info("MNIST not cached; downloading it with keras.datasets.mnist.load_data()")
+    (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
     return Mnist(x_train, y_train, x_test, y_test), "keras download"
 
 

@@ -55,9 +55,14 @@ def tpu_name_from_env() -> str | None:
     return os.environ.get(contract.TPU_NAME) or os.environ.get("TPU_NAME") or None
 
 
+def tpu_device_files() -> list[str]:
+    """The TPU chips' device files: /dev/accel* (v2-v4) or VFIO groups (v5e+)."""
+    return sorted(glob.glob("/dev/accel*")) + sorted(glob.glob("/dev/vfio/[0-9]*"))
+
+
 def tpu_present() -> bool:
-    """Cheap check, without TensorFlow: a TPU VM exposes its chips as /dev/accel* (v2-v4) or VFIO groups (v5e+)."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or tpu_name_from_env())
+    """Cheap check, without TensorFlow: a TPU VM exposes its chips as device files, or a TPU name is set."""
+    return bool(tpu_device_files() or tpu_name_from_env())
 
 
 def _connect_tpu(tf: Any, name: str) -> ResolvedStrategy:

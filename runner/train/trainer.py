@@ -4,6 +4,10 @@ It reads the spec's training section from $RUNNER_TRAINING, resolves the strateg
 (or restores it from the newest checkpoint that verifies, optimizer state and position included), trains with
 tf.data, and writes metrics.jsonl, progress.json, checkpoints/, tensorboard/ and summary.json.
 
+Two engines, chosen by training.framework: TensorFlow (this module's `prepare`: tf.distribute, tf.data, tf_keras or
+Keras 3) and Keras 3 on JAX (jax_engine.py: keras.distribution, numpy). Only the preparation differs; the
+callbacks, the fit loop, the checkpoints and the summary below are the same for both.
+
 Each epoch is its own fit call over that epoch's data (runner.train.data: the order is a pure function of seed and
 epoch), so a job stopped mid-epoch resumes at the exact step: one fit over the rest of that epoch, then the next
 epochs. Keras keeps the compiled train function across fit calls (checked for Keras 3.15 and tf_keras 2.20: no
@@ -19,7 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runner import contract
@@ -27,14 +31,12 @@ from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
+from runner.train.restore import TrainerError, restore
 from runner.train.strategy import tpu_present
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
-
-
-class TrainerError(Exception):
-    """A problem with the job's configuration or data that a traceback would only obscure."""
+__all__ = ["Prepared", "TrainerError", "finish", "fit", "make_callbacks", "prepare", "train"]
 
 
 def select_keras(choice: str, checkpoint_keras: str | None) -> str:
@@ -59,6 +61,7 @@ def select_keras(choice: str, checkpoint_keras: str | None) -> str:
             f"read; set training.keras to {checkpoint_keras} or auto"
         )
     os.environ["TF_USE_LEGACY_KERAS"] = "1" if impl == "tf_keras" else "0"
+    os.environ["KERAS_BACKEND"] = "tensorflow"  # Keras 3 under tf.keras: not JAX, whatever the environment says
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines drown the job's own output
     return impl
 
@@ -77,7 +80,9 @@ def keras_version() -> str:
 @dataclass
 class Prepared:
     """A run ready to fit: strategy, data, datasets, and the compiled (or restored) model. `runner bench` drives the
-    same object epoch by epoch, so what it measures is what the trainer runs."""
+    same object epoch by epoch, so what it measures is what the trainer runs. Either engine's: `resolved` is a
+    strategy.ResolvedStrategy or a distribution.ResolvedDistribution, `perf` a perf.PerfPlan or a
+    jaxperf.JaxPerfPlan, the data tf.data's or npdata's."""
 
     cfg: TrainingSpec
     ctx: contract.JobContext
@@ -100,30 +105,12 @@ class Prepared:
     initial_global_step: int
     cursor: Any  # runner.train.callbacks.Cursor: where training stands, kept up to date by fit
     t_start: float
+    framework: str = "tensorflow"
+    versions: dict[str, str] = field(default_factory=dict)  # summary.json's "versions"
+    chief: bool = True  # writes the run directory (False: a JAX process other than 0 of a multi-host slice)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
-
-
-def _restore(chooser: ResumeChooser, first: Candidate | None, keras: Any, keras_impl: str) -> tuple[Any, Any]:
-    """(model, candidate) from the newest checkpoint that verifies and loads, or (None, None)."""
-    candidate = first
-    while candidate is not None:
-        written_by = candidate.keras
-        if written_by not in (None, keras_impl):
-            chooser.skip(candidate, f"written by {written_by}, and this run uses {keras_impl}")
-        else:
-            try:
-                return keras.models.load_model(candidate.path), candidate
-            except Exception as exc:  # a file that verifies can still fail to load (another Keras version, a bug)
-                chooser.skip(candidate, f"failed to load ({_first_line(exc)})")
-        candidate = chooser.next_verified()
-    return None, None
-
-
-def _position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder) -> tuple[int, int, int]:
+def position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder) -> tuple[int, int, int]:
     """(epochs done, steps of the next epoch, global step) to go on from, said in the log."""
     if resumed is None:
         return 0, 0, 0
@@ -152,8 +139,16 @@ def _position(resumed: Candidate | None, model: Any, steps: int, order: DataOrde
 def prepare(
     cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None, milestones: Milestones | None = None
 ) -> Prepared:
-    """Everything before the first epoch. `jit_compile` overrides the device's choice (perf.py), for `runner bench`
-    to measure the alternative on the device at hand. `milestones` records the start-up's (the trainer's own run)."""
+    """Everything before the first epoch, on the engine cfg.framework names. `jit_compile` overrides the device's
+    choice (perf.py), for `runner bench` to measure the alternative on the device at hand (TensorFlow only: JAX
+    always compiles). `milestones` records the start-up's (the trainer's own run)."""
+    if cfg.framework == "jax":
+        if jit_compile is False:
+            raise TrainerError("the JAX engine always compiles with XLA: jit_compile cannot be turned off")
+        from runner.train import jax_engine
+
+        prepared: Prepared = jax_engine.prepare(cfg, ctx, milestones)
+        return prepared
     t_start = time.time()
     # Which checkpoint to resume from decides which Keras to import: choose before TensorFlow is imported.
     chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
@@ -211,7 +206,9 @@ def prepare(
     # Layers built from here on compute in this dtype; a restored model keeps the policy it was saved with.
     keras.mixed_precision.set_global_policy(plan.precision)
     with resolved.strategy.scope():
-        model, resumed = _restore(chooser, first, keras, keras_impl)
+        model, resumed = restore(chooser, first, keras, keras_impl, "tensorflow", _say)
+        if resumed is not None and plan.jit_compile is not None:
+            model.jit_compile = plan.jit_compile  # the plan decides, not the checkpoint (a JAX one says XLA on)
         if model is None:
             if chooser.found_any:
                 _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
@@ -226,7 +223,7 @@ def prepare(
                 steps_per_execution=plan.steps_per_execution,
                 **xla,
             )
-    epochs_done, step, global_step = _position(resumed, model, steps, order)
+    epochs_done, step, global_step = position(resumed, model, steps, order)
     store = CheckpointStore(ctx.checkpoint_dir, cfg.checkpoint_keep)
     store.history = chooser.history_for(resumed)
     return Prepared(
@@ -251,12 +248,15 @@ def prepare(
         initial_global_step=global_step,
         cursor=Cursor(steps, cfg.epochs, (epochs_done, step), global_step),
         t_start=t_start,
+        versions={"tensorflow": tf.__version__, "keras": keras_version()},
     )
 
 
 def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -> tuple[list[Any], Any]:
     """The contract's callbacks (position, metrics, progress, TensorBoard, checkpoints) and the StopSignal, which
-    notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress (tests inject it)."""
+    notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress (tests inject it).
+    A process that does not write the run directory (not run.chief) keeps the position, prints progress and stops
+    on a signal where the others do, and writes nothing."""
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
 
@@ -265,16 +265,30 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
     cursor = run.cursor
     policy = CheckpointPolicy(cfg.checkpoint_epochs, cfg.checkpoint_seconds, cfg.epochs, clock)
     checkpointer = cb.Checkpointer(
-        run.store, cursor, policy, stop, run.keras_impl, run.data_order, run.resumed.checkpoint if run.resumed else None
+        run.store,
+        cursor,
+        policy,
+        stop,
+        run.keras_impl,
+        run.data_order,
+        run.resumed.checkpoint if run.resumed else None,
+        framework=run.framework,
+        saves=run.chief,
     )
     checkpointer.set_model(run.model)  # a stop between two fits saves before any fit has set it
+    if not run.chief:
+        return [cursor, cb.Progress(cursor, cfg.batch_size, None, clock), checkpointer], stop
+    if run.framework == "jax":
+        board: Any = cb.ScalarBoard(run.ctx.tensorboard_dir)  # keras' TensorBoard writes through TensorFlow
+    else:
+        board = keras.callbacks.TensorBoard(
+            str(run.ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
+        )
     callbacks = [
         cursor,  # first: the others read the position it keeps
         cb.EpochMetrics(run.ctx.metrics_file, cursor, cfg.batch_size),
         cb.Progress(cursor, cfg.batch_size, run.ctx.progress_file, clock),
-        keras.callbacks.TensorBoard(
-            str(run.ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
-        ),
+        board,
         checkpointer,  # last: an epoch's checkpoint follows its metrics row
     ]
     return callbacks, stop
@@ -312,6 +326,8 @@ def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int |
             for callback in callbacks:
                 if isinstance(callback, run.keras.callbacks.TensorBoard):
                     callback.on_train_end()
+                elif isinstance(callback, cb.ScalarBoard):
+                    callback.close()
             _find(callbacks, cb.Progress).write()
             raise
         skip = 0
@@ -320,9 +336,7 @@ def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int |
 
 
 def finish(run: Prepared) -> dict[str, Any]:
-    """Final evaluation and summary.json."""
-    import tensorflow as tf
-
+    """Final evaluation and summary.json (written by the chief only; every process evaluates)."""
     from runner.train import callbacks as cb
 
     cfg, ctx = run.cfg, run.ctx
@@ -360,23 +374,30 @@ def finish(run: Prepared) -> dict[str, Any]:
         "epoch_times_s": epoch_times,
         "examples_per_s": round(sum(steady) / len(steady), 1) if steady else None,
         "strategy": run.resolved.as_dict(),
+        "framework": run.framework,
         "keras": run.keras_impl,
         "perf": run.perf.as_dict(),
-        "versions": {"tensorflow": tf.__version__, "keras": keras_version()},
+        "versions": run.versions,
         "checkpoint": f"{contract.CHECKPOINTS}/{newest}" if newest else None,
         "wall_time_s": round(time.time() - run.t_start, 1),
     }
     summary = Summary.of(**values).to_json()
-    cb.write_atomic(ctx.output_dir / contract.SUMMARY, json.dumps(summary, indent=1).encode())
+    if run.chief:
+        cb.write_atomic(ctx.output_dir / contract.SUMMARY, json.dumps(summary, indent=1).encode())
     _say(f"[trainer] done: test accuracy {summary['test_accuracy']:.4f}, {summary['examples_per_s']} examples/s")
     return summary
 
 
 def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
-    from runner.train.callbacks import TrainingInterrupted
+    if cfg.framework == "jax":
+        from runner.train.jax_engine import keep_tensorflow_out
 
+        keep_tensorflow_out()  # the trainer's own process only: prepare() may be driven by code that wants TF
     milestones = Milestones(ctx)
     run = prepare(cfg, ctx, milestones=milestones)
+    # Only now: the callbacks' base class is the Keras that prepare() chose (tf_keras, or Keras 3 on an engine).
+    from runner.train.callbacks import TrainingInterrupted
+
     callbacks, stop = make_callbacks(run)
     callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end

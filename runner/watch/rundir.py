@@ -193,6 +193,7 @@ _SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "epoch_times_s": list,
     "examples_per_s": float,
     "strategy": dict,
+    "framework": str,
     "keras": str,
     "perf": dict,
     "versions": dict,

@@ -27,6 +27,7 @@ from runner.bench.notebook import NOTEBOOK_GPU, NOTEBOOK_TPU
 from runner.bench.report import ArmResult, BenchResult
 from runner.errors import UsageError
 from runner.train import perf
+from tests.conftest import REPO
 
 EPYC_AVX2 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -544,6 +545,24 @@ def _app() -> typer.Typer:
     return app
 
 
+def test_framework_option_defaults_to_the_engines_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.bench import command
+
+    assert command.installed_frameworks() == ("tensorflow", "jax")  # both, in this environment
+    assert command._frameworks(None) == ("tensorflow", "jax")
+    assert command._frameworks("JAX, jax") == ("jax",)
+    with pytest.raises(UsageError, match="use tensorflow, jax, or both"):
+        command._frameworks("pytorch")
+    monkeypatch.setattr(command, "installed_frameworks", lambda: ())
+    with pytest.raises(UsageError, match="neither TensorFlow nor JAX"):
+        command._frameworks(None)
+    result = CliRunner().invoke(_app(), ["--framework", "jax", "--xla", "off"])
+    assert result.exit_code != 0 and "always compiles with XLA" in str(result.exception)
+    monkeypatch.setenv("RUNNER_TPU_NAME", "local")  # a TPU host: one process, one engine
+    result = CliRunner().invoke(_app(), ["--framework", "tensorflow,jax"])
+    assert result.exit_code != 0 and "one after the other" in str(result.exception)
+
+
 # -- the real bench, on a slice of real MNIST -----------------------------------------------------------------------
 
 
@@ -556,6 +575,7 @@ def test_bench_runs_both_trainers_at_every_batch_size(
     monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))  # a calibration is cached here, not in the user's
     out = tmp_path / "bench"
     args = ["--batch-sizes", "128,256", "--epochs", "2", "--examples", "1024", "--test-examples", "256"]
+    args += ["--framework", "tensorflow"]  # the JAX engine's bench has its own test below
     result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.png", "bench-logs"}
@@ -651,3 +671,74 @@ def test_bench_in_one_process_as_on_a_tpu_host(tmp_path: Path, mnist_npz: Path) 
     assert (tmp_path / "data" / perf.CALIBRATION_FILE).is_file()
     if plans[0]["precision_source"] == "calibrated":
         assert names[0] == "conv2d"  # the calibration's models left no trace in Keras' naming
+
+
+# Installed in every process of the bench (its workers are spawned interpreters) through sitecustomize: TensorFlow
+# and tf_keras cannot be imported, as in an environment with numpy, jax and keras only, and each attempt is noted.
+NO_TENSORFLOW = """
+import importlib.abc, os, sys, traceback
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in ("tensorflow", "tf_keras"):
+            with open(os.environ["IMPORT_ATTEMPTS"], "a") as f:
+                f.write(fullname + " " + "".join(traceback.format_stack(limit=6)).replace("\\n", " | ") + "\\n")
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+@pytest.mark.slow
+def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
+    attempts = tmp_path / "attempts.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_", "KERAS_"))}
+    env.update({"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "IMPORT_ATTEMPTS": str(attempts)})
+    probe = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
+    assert "No module named 'tensorflow'" in probe.stderr and attempts.read_text().startswith("tensorflow ")
+    attempts.unlink()  # the blocker works; from here on, no attempt is expected
+    out = tmp_path / "bench"
+    args = ["--framework", "jax", "--batch-sizes", "128", "--epochs", "2", "--examples", "512", "--test-examples"]
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.bench", *args, "128", "--data", str(mnist_npz), "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    logs = "\n".join(p.read_text()[-2000:] for p in (out / "bench-logs").glob("*.log"))
+    assert done.returncode == 0, f"{done.stderr[-3000:]}\n{logs}"
+    assert not attempts.exists(), attempts.read_text()[:3000]  # nothing even tried to import TensorFlow
+    result = BenchResult.from_json((out / "bench.json").read_text())
+    assert result.framework == "jax" and result.versions["engine"].startswith("JAX ")
+    assert result.label.endswith(", JAX")
+    for trainer in ("ours", "baseline"):
+        arm = result.arm(trainer, 128)
+        assert arm is not None and len(arm.epoch_times_s) == 2
+        assert arm.settings["effective"]["jit_compile"] is True and arm.settings["effective"]["onednn"] is None
+    ours, plain = result.arm("ours", 128), result.arm("baseline", 128)
+    assert ours is not None and plain is not None
+    # The same accuracy check as TensorFlow's bench; 4 steps of 128 on this slice reached 0.5-0.7 here.
+    assert ours.test_accuracy > 0.3 and plain.test_accuracy > 0.3
+    assert "runner.train.npdata" in ours.settings["input"]
+    assert "on Keras 3 on JAX: our trainer vs a plain model.fit" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_puts_both_engines_side_by_side(tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(perf.CPU_FLAGS_ENV, NO_BF16)  # no calibration: this test is about the layout
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "bench"
+    args = ["--batch-sizes", "128", "--epochs", "2", "--examples", "512", "--test-examples", "128"]
+    result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])  # the default: both
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    engines = {name: report.load(out / name) for name in ("tensorflow", "jax")}
+    for name, bench_result in engines.items():
+        assert bench_result.framework == name and {a.trainer for a in bench_result.arms} == {"ours", "baseline"}
+        assert all(a.test_accuracy > 0.3 for a in bench_result.arms)  # 4 steps of 128 reached 0.5-0.7 here
+    assert engines["tensorflow"].versions["engine"].startswith("TensorFlow ")
+    assert engines["jax"].versions["engine"].startswith("JAX ")
+    compared = (out / "compare.md").read_text()
+    assert "TensorFlow, our trainer" in compared and "JAX, our trainer" in compared
+    assert "on TensorFlow: our trainer vs" in result.output and "on Keras 3 on JAX: our trainer vs" in result.output

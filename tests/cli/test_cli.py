@@ -211,6 +211,31 @@ def test_submit_local_trains_real_mnist(tmp_path: Path, mnist_npz: Path) -> None
 
 
 @pytest.mark.slow
+def test_submit_local_trains_on_jax(tmp_path: Path, mnist_npz: Path) -> None:
+    job = write_job(
+        tmp_path,
+        f"""\
+        name: tiny-jax
+        image: trainer:test
+        training:
+          framework: jax
+          model: mnist_mlp
+          epochs: 2
+          batch_size: 128
+          max_train_examples: 512
+          max_test_examples: 256
+        storage: {tmp_path / "store"}
+        """,
+    )
+    result = invoke("submit", str(job), "--local")
+    assert result.exit_code == 0, result.output
+    for text in ["Epoch 2/2", "test accuracy", "DataParallel on CPU, 1 replica (cpu:0)", "ckpt-000002.keras"]:
+        assert text in result.output, text
+    summary = json.loads((tmp_path / "store" / "runs" / run_id_from(result.output) / contract.SUMMARY).read_text())
+    assert (summary["framework"], summary["global_step"], summary["strategy"]["devices"]) == ("jax", 8, ["cpu:0"])
+
+
+@pytest.mark.slow
 def test_submit_local_with_cloud_storage(tmp_path: Path, mnist_npz: Path, gcs: str) -> None:
     bucket_url = f"gs://runner-test/{uuid.uuid4().hex}"
     job = write_job(

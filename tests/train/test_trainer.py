@@ -158,22 +158,26 @@ def mid_epoch(run: Path, proc: subprocess.Popen[str]) -> dict | None:
     return progress if progress["epoch"] >= 2 and 0 < progress["step"] < progress["steps_per_epoch"] else None
 
 
-@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
+ENGINES = {"keras3": {"keras": "keras3"}, "tf_keras": {"keras": "tf_keras"}, "jax": {"framework": "jax"}}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
 def test_sigterm_mid_epoch_saves_exactly_and_the_resume_trains_the_same_steps(
-    tmp_path: Path, mnist_npz: Path, keras: str
+    tmp_path: Path, mnist_npz: Path, engine: str
 ) -> None:
+    chosen = ENGINES[engine]
     # The uninterrupted run, for comparison, trains meanwhile.
     plain_dir = tmp_path / "plain"
     plain = subprocess.Popen(
         [sys.executable, "-m", "runner.worker"],
-        env=worker_env(plain_dir, mnist_npz, keras=keras, **EXACT),
+        env=worker_env(plain_dir, mnist_npz, **chosen, **EXACT),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner.worker"],
-        env=worker_env(run, mnist_npz, keras=keras, **EXACT),
+        env=worker_env(run, mnist_npz, **chosen, **EXACT),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -205,7 +209,7 @@ def test_sigterm_mid_epoch_saves_exactly_and_the_resume_trains_the_same_steps(
     record = json.loads((run / contract.exit_key(0)).read_text())
     assert (record["state"], record["exit_code"]) == ("cancelled", 143)
 
-    resumed = train(run, mnist_npz, keras=keras, **EXACT)
+    resumed = train(run, mnist_npz, **chosen, **EXACT)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"[trainer] resumed from {name}: epoch {epoch} step {step} of {STEPS} (global step {global_step})" in (
         resumed.stdout
