@@ -117,6 +117,9 @@ class Node:
     queued_resource: str | None = None
     slice: tuple[int, int] | None = None  # multislice: (slice id, number of slices) of the queued resource's
     vms: VmGroup | None = None
+    # A preempted node's VMs, still shutting down: its deletion completes only once they are gone, as on Cloud TPU
+    # (a node of the same name created after that gets a fresh VM, never one its predecessor's shutdown can reach).
+    preempted_vms: VmGroup | None = None
     hung: bool = False  # READY, but its VMs never ran the startup-script (boot_hang)
     delete_ops: list[Operation] = field(default_factory=list)  # of the deletion in progress
     delete_error: dict[str, Any] | None = None  # the google.rpc.Status the deletion in progress will end with

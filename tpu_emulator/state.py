@@ -263,7 +263,7 @@ class Cloud:
             self.agenda.at(delay, lambda: self._fail_delete(node))
             return op, None  # the VMs keep running: this deletion will not happen
         node.delete_error = None
-        group, node.vms = node.vms, None
+        group, node.vms, node.preempted_vms = node.vms or node.preempted_vms, None, None
         node.vms_stopped, node.gone_when_stopped = group is None, False
         self.queued.node_leaving(node, initiator)
         self.agenda.at(delay, lambda: self._finish_delete(node))
@@ -319,6 +319,7 @@ class Cloud:
                 raise ApiError("FAILED_PRECONDITION", f"{name} is {node.state}: only a READY node can be preempted")
             node.state, node.health = "PREEMPTED", None
             group, node.vms = node.vms, None
+            node.preempted_vms = group  # stopped by the caller; a deletion waits for that (VmGroup.stop is shared)
             self.queued.node_leaving(node, "SERVICE")
             if node.queued_resource:
                 qr_name = node.queued_resource

@@ -157,6 +157,7 @@ class Run:
         self.state = RunState.PENDING
         self.reason: str | None = None
         self.snapshot: Snapshot | None = None
+        self.since: float | None = None  # when this attempt's machine was asked for
         self.preemptions = self.failures = self.silent_boots = 0
         self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
 
@@ -180,6 +181,8 @@ class Run:
     def provision(self) -> Handle:
         retries = self.plan.spec.retries
         while True:
+            # What the run directory holds from before this request is an older machine's (read_snapshot's since).
+            self.since = time.time()
             try:
                 handle = self.backend.provision(self.plan, self._on_handle)
             except Preempted as exc:  # taken back while booting; the backend already deleted it
@@ -220,12 +223,13 @@ class Run:
             seen_events=self.seen,
             on_event=on_event,
             stop=stop,
+            since=self.since,
         )
         if not verdict:  # follow's own end: every exit record is there
             verdict.append(Verdict.FINISHED)
         if verdict[0] == Verdict.MACHINE_GONE:
             # A VM that finished writes its exit record, then deletes itself: read again what it left.
-            snapshot = read_snapshot(self.storage, with_metrics=False)
+            snapshot = read_snapshot(self.storage, with_metrics=False, since=self.since)
             if len(snapshot.exits) >= self.plan.num_workers:
                 verdict[0] = Verdict.FINISHED
         if verdict[0] == Verdict.SILENT:
@@ -358,7 +362,7 @@ class Run:
         rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
         if rest:
             self.on_output(rest)
-        final = read_snapshot(self.storage)
+        final = read_snapshot(self.storage, since=self.since)
         if final.exits:
             self.state = derive_state(
                 final, self.plan.num_workers, self.state, machine_alive=False, heartbeat_timeout_s=0

@@ -75,10 +75,11 @@ def follow(
     tail: LogTail | LogTails | None = None,
     on_event: Callable[[Event], None] | None = None,
     seen_events: set[tuple[float, str, str]] | None = None,
+    since: float | None = None,
 ) -> Snapshot:
     """Stream `worker`'s log (or what `tail` reads: every worker's, LogTails) until every worker has an exit
     record, `stop(snapshot)` says so, or the machine is gone (then one last read catches what it wrote before it
-    went). Returns the last snapshot."""
+    went). Returns the last snapshot. `since`: see read_snapshot."""
     tail = tail or LogTail(run_dir, worker)
     seen = seen_events if seen_events is not None else set()
 
@@ -96,10 +97,10 @@ def follow(
         chunk = tail.read_new()
         if chunk:
             on_output(chunk)
-        snapshot = read_snapshot(run_dir, with_metrics=False)
+        snapshot = read_snapshot(run_dir, with_metrics=False, since=since)
         done = len(snapshot.exits) >= num_workers or (stop is not None and stop(snapshot))
         if not done and machine_gone is not None and machine_gone():
-            snapshot = read_snapshot(run_dir, with_metrics=False)
+            snapshot = read_snapshot(run_dir, with_metrics=False, since=since)
             done = True
         if done:
             new_events()

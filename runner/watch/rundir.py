@@ -338,26 +338,33 @@ def parse_jsonl(data: bytes, name: str, problems: list[str] | None, convert: Cal
     return out
 
 
-def read_snapshot(run_dir: Storage, *, with_metrics: bool = True) -> Snapshot:
+def read_snapshot(run_dir: Storage, *, with_metrics: bool = True, since: float | None = None) -> Snapshot:
     """Everything the run directory says now. Never fails on what a file holds: a corrupt file is left out and
-    named in `problems` (a storage that cannot be read at all still raises StorageError)."""
+    named in `problems` (a storage that cannot be read at all still raises StorageError).
+
+    `since` (the time the current attempt's machine was asked for) leaves out the exit records of jobs that started
+    before it and heartbeats written before it: a machine replaced after a preemption can still land its last
+    uploads after the runner cleared them, and its `cancelled` must not end the next attempt."""
     problems: list[str] = []
     exits = [
         found
         for info in run_dir.list(contract.EXIT_DIR + "/")
         if (found := read_record(run_dir, info.key, ExitRecord.from_json, problems)) is not None
+        and (since is None or (found.started_at if found.started_at is not None else found.finished_at) >= since)
     ]
     metrics: list[dict[str, Any]] = []
     if with_metrics:
         data = run_dir.read_bytes(contract.METRICS) or b""
         metrics = parse_jsonl(data, where(run_dir, contract.METRICS), problems, lambda raw: raw)
     beat = read_record(run_dir, contract.HEARTBEAT, Heartbeat.from_json, problems)
+    if beat is not None and since is not None and beat.time < since:
+        beat = None
     beats: dict[int, Heartbeat] = {}
     for info in run_dir.list(contract.HEARTBEATS_DIR + "/"):
         worker = info.key.removeprefix(contract.HEARTBEATS_DIR + "/worker-").removesuffix(".json")
         if worker.isdigit() and info.key == contract.heartbeat_key(int(worker)):  # the file names the worker
             found_beat = read_record(run_dir, info.key, Heartbeat.from_json, problems)
-            if found_beat is not None:
+            if found_beat is not None and (since is None or found_beat.time >= since):
                 beats[int(worker)] = found_beat
     return Snapshot(
         sorted(exits, key=lambda e: e.worker),
