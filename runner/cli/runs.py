@@ -21,17 +21,22 @@ def status(
     """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
     import json
 
+    from runner import contract
     from runner.collect.facts import gather
-    from runner.collect.summary import failure_tail, one_line, progress_text, summary_rows
+    from runner.collect.progress import standing
+    from runner.collect.summary import failure_tail, one_line, summary_rows
     from runner.storage import open_storage
     from runner.watch.events import read_events
     from runner.watch.lookup import current_state, resolve, without_bad_handle
-    from runner.watch.rundir import read_snapshot
+    from runner.watch.rundir import Progress, read_record, read_snapshot
 
     record = resolve(run)
     storage = open_storage(record.run_dir)
     snapshot = read_snapshot(storage)
     warnings = list(snapshot.problems)
+    # progress.json itself is fresher than the copy in the heartbeat (every 10 s)
+    progress = read_record(storage, contract.PROGRESS, Progress.from_json, warnings) or snapshot.progress
+    where = standing(progress, snapshot.metrics)
     events = read_events(storage, warnings)
     state = current_state(without_bad_handle(record, warnings), snapshot)
     facts = gather(record, storage, snapshot=snapshot, events=events)  # cost and startup: the events say both
@@ -45,6 +50,7 @@ def status(
                     "run_dir": record.run_dir,
                     "backend": record.backend,
                     "metrics": snapshot.metrics,
+                    **where.to_json(),
                     "summary": snapshot.summary.to_json() if snapshot.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
@@ -64,8 +70,7 @@ def status(
     ]
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
-    if snapshot.metrics and not snapshot.summary:
-        rows.append(("progress", progress_text(snapshot.metrics[-1])))
+    rows += [row for row in where.rows() if not state.is_terminal() or row[0] == "last metrics"]
     if events:
         last = events[-1]
         rows.append(
@@ -116,7 +121,7 @@ def logs(
     for warning in warnings:
         warn(warning)
     backend = backend_named(record.backend, say)
-    follow_run(
+    snapshot = follow_run(
         storage,
         write_output,
         num_workers=record.num_workers,
@@ -124,6 +129,15 @@ def logs(
         tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
         stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
     )
+    # The log above already holds any traceback: the end says only how the run ended, and where to read more.
+    import contextlib
+
+    from runner.collect.summary import ending
+    from runner.errors import RunnerError
+
+    with contextlib.suppress(RunnerError):
+        record = resolve(run)  # the submitter records why the run ended once it has
+    say(ending(record.run_id, current_state(record, snapshot, backend), snapshot, record.reason))
 
 
 @app.command("list")

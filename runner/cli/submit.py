@@ -109,7 +109,7 @@ def dry_run_text(plan: Plan, backend: Backend[Any], rows: list[tuple[str, str]])
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import failure_output, summary_rows
+    from runner.collect.summary import failure_output, one_line, summary_rows
     from runner.errors import RunFailed
     from runner.watch.state import RunState
 
@@ -122,18 +122,37 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     rows = summary_rows(record.run_dir, state, snapshot)
     if record.reason:
         rows.insert(1, ("reason", record.reason))
+    worker, tail = failure_output(snapshot) if state == RunState.FAILED else (None, [])
+    # One host: the traceback just scrolled by in the job's output; once is enough, its last line says what failed.
+    # A slice's workers' lines were interleaved: the failed one's are shown again, together.
+    shown = bool(tail) and record.num_workers <= 1 and was_streamed(record, worker or 0, tail)
+    if shown:
+        rows.insert(1, ("error", one_line(tail[-1]) + "  (its output is above)"))
     rows += end_rows(record, state, snapshot)
     print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
-    worker, tail = failure_output(snapshot)
-    if tail and state == RunState.FAILED:
+    if tail and not shown:
         echo(style("last output:" if len(snapshot.exits) < 2 else f"last output of worker {worker}:", bold=True))
         for line in tail:
             echo(f"  {line}")
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
+
+
+def was_streamed(record: RunRecord, worker: int, tail: list[str]) -> bool:
+    """Whether a failed worker's last lines are in its stored log, which `submit` has just printed as it came.
+    (They are not when the bootstrap wrote the exit record: an image that could not be pulled, a killed container.)"""
+    from runner import contract
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+
+    try:
+        log = (open_storage(record.run_dir).read_bytes(contract.log_key(worker)) or b"").decode(errors="replace")
+    except RunnerError:
+        return False
+    return all(line in log for line in tail[-3:])
 
 
 def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:

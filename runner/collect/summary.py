@@ -34,24 +34,6 @@ def _scalar(value: Any) -> str:
     return one_line(value, 100)
 
 
-def progress_text(line: dict[str, Any]) -> str:
-    """One metrics.jsonl line as a status row: the trainer's epoch line, or whatever a custom command wrote."""
-    known = [
-        ("accuracy", "accuracy {:.4f}"),
-        ("val_accuracy", "val_accuracy {:.4f}"),
-        ("epoch_time_s", "{:.1f}s"),
-    ]
-    parts = [fmt.format(value) for key, fmt in known if (value := number(line.get(key))) is not None]
-    if "epoch" in line:
-        return f"epoch {one_line(line['epoch'], 20)} done" + (f": {', '.join(parts)}" if parts else "")
-    if parts:
-        return ", ".join(parts)
-    entries = [
-        f"{one_line(k, 40)} {_scalar(v)}" for k, v in line.items() if v is None or isinstance(v, str | int | float)
-    ]
-    return one_line(", ".join(entries), 200) or "-"
-
-
 def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
     """The built-in trainer's summary (runner.train.trainer.finish): its typed fields, each only when present."""
     rows: list[tuple[str, str]] = []
@@ -155,3 +137,16 @@ def failure_output(snapshot: Snapshot, lines: int = 15) -> tuple[int | None, lis
 
 def failure_tail(snapshot: Snapshot, lines: int = 15) -> list[str]:
     return failure_output(snapshot, lines)[1]
+
+
+def ending(run_id: str, state: RunState, snapshot: Snapshot, reason: str | None = None) -> str:
+    """One line that says how a run ended, after its log was shown (`runner logs -f`): the state, the first
+    failed worker's exit code and error, and where the results are."""
+    text = f"run {run_id} {state}"
+    failed = first_failure(snapshot)
+    if reason:
+        text += f": {one_line(reason)}"
+    elif failed is not None:
+        worker = f"worker {failed.worker} " if len(snapshot.exits) > 1 else ""
+        text += f": {worker}exit code {failed.exit_code}" + (f", {one_line(failed.error)}" if failed.error else "")
+    return text + f"  (`runner status {run_id}` for the results)"
