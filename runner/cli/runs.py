@@ -3,7 +3,7 @@ its submitting runner died (everything is read from the run directory; the backe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -141,10 +141,12 @@ def logs(
 
 
 @app.command("list")
-def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20) -> None:
+def list_runs(
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
     """List the runs submitted from this machine, newest first."""
-
-    from rich.table import Table
+    import json
 
     from runner.backends import backend_named
     from runner.collect.facts import gather
@@ -154,37 +156,65 @@ def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this 
     from runner.watch.lookup import current_state, without_bad_handle
     from runner.watch.rundir import read_snapshot
 
-    table = Table("run", "job", "backend", "state", "created", "test acc.", "cost", box=None, pad_edge=False)
     warnings: list[str] = []
     found = runs.list_records(warnings)[:limit]
     backends: dict[str, Backend] = {}
+    entries: list[dict[str, Any]] = []
     for record in found:
+        entry: dict[str, Any] = {
+            "run_id": record.run_id,
+            "job": record.job,
+            "backend": record.backend,
+            "state": "?",
+            "created_at": record.created_at,
+            "run_dir": record.run_dir,
+            "test_accuracy": None,
+            "last_metrics": None,
+            "cost": None,
+            "cost_cell": "?",
+        }
         try:
             storage = open_storage(record.run_dir)
-            snapshot = read_snapshot(storage, with_metrics=False)
+            snapshot = read_snapshot(storage)
             if record.backend not in backends:
                 backends[record.backend] = backend_named(record.backend, say)
-            state = str(current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend]))
-            accuracy = snapshot.summary.test_accuracy if snapshot.summary else None
+            state = current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend])
+            entry["state"] = str(state)
+            entry["test_accuracy"] = snapshot.summary.test_accuracy if snapshot.summary else None
+            entry["last_metrics"] = snapshot.metrics[-1] if snapshot.metrics else None
             facts = gather(record, storage, snapshot=snapshot)
-            cost = facts.cost_cell()
+            entry["cost"] = facts.cost.to_json() if facts.cost is not None else None
+            entry["cost_cell"] = facts.cost_cell()
             warnings += [f"{record.run_id}: {problem}" for problem in [*snapshot.problems, *facts.warnings]]
         except Exception as exc:  # one unreachable run directory must not hide the others
-            state, accuracy, cost = "?", None, "?"
             reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
             warnings.append(f"{record.run_id}: {reason}")
-        table.add_row(
-            record.run_id,
-            record.job,
-            record.backend,
-            state,
-            when(record.created_at, "%Y-%m-%d %H:%M"),
-            f"{accuracy:.4f}" if accuracy is not None else "-",
-            cost,
-        )
-    if found:
-        console().print(table)
-    elif not warnings:
+        entries.append(entry)
+    if as_json:
+        echo(json.dumps({"runs": entries, "warnings": warnings}, default=str, indent=1))
+        return
+    _print_runs(entries)
+    if not found and not warnings:
         say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
     for warning in warnings:
         warn(warning)
+
+
+def _print_runs(entries: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    if not entries:
+        return
+    table = Table("run", "job", "backend", "state", "created", "test acc.", "cost", box=None, pad_edge=False)
+    for entry in entries:
+        accuracy = entry["test_accuracy"]
+        table.add_row(
+            entry["run_id"],
+            entry["job"],
+            entry["backend"],
+            entry["state"],
+            when(entry["created_at"], "%Y-%m-%d %H:%M"),
+            f"{accuracy:.4f}" if accuracy is not None else "-",
+            entry["cost_cell"],
+        )
+    console().print(table)
