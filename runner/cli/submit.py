@@ -11,6 +11,7 @@ from runner.cli.typer_app import SetOpt, SpecArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+    from runner.errors import PlanError
     from runner.plan.planner import Plan
     from runner.watch.rundir import Snapshot
     from runner.watch.runs import RunRecord
@@ -48,6 +49,7 @@ def submit(
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
+    from runner.errors import PlanError
     from runner.spec.loader import load_spec
     from runner.timings import Timings
 
@@ -61,6 +63,7 @@ def submit(
         else f"`{spec.command_line}`"
     )
     backend: Backend[Any]
+    problems: list[PlanError] = []
     if local:
         from runner.backends.local import LocalBackend
         from runner.plan.planner import plan_local
@@ -69,9 +72,12 @@ def submit(
         backend = LocalBackend(prefer="process" if process else None)
     else:
         from runner.backends.tpu_vm import TpuVmBackend
-        from runner.plan.planner import plan_cloud
+        from runner.plan.planner import Problems, plan_cloud
 
-        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone)
+        problems = Problems()  # every pre-flight problem, not only the first
+        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
+        if not dry_run:
+            problems.raise_all()
         backend = TpuVmBackend(say=say, timings=timings)
     rows = [
         ("run", plan.run_id),
@@ -86,7 +92,17 @@ def submit(
     warnings = plan.cloud.warnings if plan.cloud is not None else ()
     rows += [("warning", text) for text in warnings]
     if dry_run:
+        if plan.cloud is not None:
+            rows.append(("image check", "not done offline: `runner submit` asks the registry before creating anything"))
         echo(dry_run_text(plan, backend, rows))
+        if problems:
+            echo()
+            echo(problems_text(problems))
+            raise PlanError(
+                f"the dry run found {len(problems)} pre-flight problem{'s' if len(problems) > 1 else ''} (above); "
+                "`runner submit` stops on them before anything is created",
+                hint="fix them and dry-run again; placeholders in capitals (PROJECT, BUCKET) stand for what is missing",
+            )
         return
     print_rows(rows)
     if plan.cloud is not None:
@@ -106,6 +122,18 @@ def dry_run_text(plan: Plan, backend: Backend[Any], rows: list[tuple[str, str]])
     return (
         rows_text(rows, title="Plan (dry run: nothing is created, no API is called)") + "\n\n" + backend.dry_run(plan)
     )
+
+
+def problems_text(problems: list[PlanError]) -> str:
+    """The pre-flight problems a dry run found, numbered, each with its hint."""
+    lines = [style(f"Pre-flight problems ({len(problems)})", bold=True)]
+    for number, problem in enumerate(problems, 1):
+        first, *rest = problem.message.splitlines()
+        lines.append(f"  {number}. {first}")
+        lines += [f"     {line.strip()}" for line in rest]
+        if problem.hint:
+            lines.append(f"     hint: {problem.hint}")
+    return "\n".join(lines)
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
