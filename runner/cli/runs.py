@@ -24,7 +24,7 @@ def status(
     from runner import contract
     from runner.collect.facts import gather
     from runner.collect.progress import standing
-    from runner.collect.summary import failure_tail, one_line, summary_rows
+    from runner.collect.summary import existing_artifacts, failure_tail, one_line, summary_rows
     from runner.storage import open_storage
     from runner.watch.events import read_events
     from runner.watch.lookup import current_state, resolve, without_bad_handle
@@ -41,6 +41,7 @@ def status(
     state = current_state(without_bad_handle(record, warnings), snapshot)
     facts = gather(record, storage, snapshot=snapshot, events=events)  # cost and startup: the events say both
     warnings += facts.warnings
+    present = existing_artifacts(storage)
     if as_json:
         echo(
             json.dumps(
@@ -54,6 +55,7 @@ def status(
                     "summary": snapshot.summary.to_json() if snapshot.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
+                    "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(present)},
                     "cost": facts.cost.to_json() if facts.cost is not None else None,
                     "startup": facts.startup.to_json(),
                     "warnings": warnings,
@@ -78,7 +80,7 @@ def status(
         )
     rows += facts.rows()
     print_rows(rows, title=f"Run {record.run_id}")
-    print_rows(summary_rows(record.run_dir, state, snapshot))
+    print_rows(summary_rows(record.run_dir, state, snapshot, present))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         echo(f"  {line}")
     for warning in warnings:
@@ -200,21 +202,36 @@ def list_runs(
         warn(warning)
 
 
+def _unplaced(line: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in line.items() if k not in ("epoch", "step")}
+
+
 def _print_runs(entries: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     if not entries:
         return
-    table = Table("run", "job", "backend", "state", "created", "test acc.", "cost", box=None, pad_edge=False)
+    from runner.collect.progress import metrics_text
+
+    table = Table("run", "job", "backend", "state", "created", "result", "cost", box=None, pad_edge=False)
+    table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies
     for entry in entries:
-        accuracy = entry["test_accuracy"]
+        accuracy, last = entry["test_accuracy"], entry["last_metrics"]
+        # the trainer's test accuracy; else what a command wrote to RUNNER_METRICS_FILE last
+        result = (
+            f"test acc. {accuracy:.4f}"
+            if accuracy is not None
+            else metrics_text(_unplaced(last), 2, say_more=False)
+            if last
+            else "-"
+        )
         table.add_row(
             entry["run_id"],
             entry["job"],
             entry["backend"],
             entry["state"],
             when(entry["created_at"], "%Y-%m-%d %H:%M"),
-            f"{accuracy:.4f}" if accuracy is not None else "-",
+            result,
             entry["cost_cell"],
         )
     console().print(table)

@@ -137,8 +137,9 @@ def problems_text(problems: list[PlanError]) -> str:
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import failure_output, one_line, summary_rows
-    from runner.errors import RunFailed
+    from runner.collect.summary import existing_artifacts, failure_output, one_line, summary_rows
+    from runner.errors import RunFailed, RunnerError
+    from runner.storage import open_storage
     from runner.watch.state import RunState
 
     if detached:
@@ -147,7 +148,11 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
         return
     assert snapshot is not None
     echo()
-    rows = summary_rows(record.run_dir, state, snapshot)
+    try:
+        present: set[str] | None = existing_artifacts(open_storage(record.run_dir))
+    except RunnerError:
+        present = None  # storage unreadable now: every path, as the contract has them
+    rows = summary_rows(record.run_dir, state, snapshot, present)
     if record.reason:
         rows.insert(1, ("reason", record.reason))
     worker, tail = failure_output(snapshot) if state == RunState.FAILED else (None, [])

@@ -107,7 +107,7 @@ class Standing:
         }
 
 
-def metrics_text(line: dict[str, Any], limit: int = 8) -> str:
+def metrics_text(line: dict[str, Any], limit: int = 8, *, say_more: bool = True) -> str:
     """One metrics line: 'epoch 2: loss 0.0712, accuracy 0.9781, val_loss 0.0601, val_accuracy 0.9810'."""
     keys = [k for k in _FIRST if k in line] + [k for k in line if k not in _FIRST and k not in _NOT_METRICS]
     parts = []
@@ -117,7 +117,7 @@ def metrics_text(line: dict[str, Any], limit: int = 8) -> str:
             shown = f"{value:.4g}" if abs(value) >= 1000 else f"{value:.4f}"
             parts.append(f"{one_line(key, 40)} {shown}")
     text = ", ".join(parts[:limit])
-    if len(parts) > limit:
+    if len(parts) > limit and say_more:
         text += f", … ({len(parts) - limit} more)"
     label = "epoch" if line.get("epoch") is not None else "step"
     position = line.get(label)

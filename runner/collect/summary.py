@@ -7,9 +7,11 @@ left out, never a KeyError at the end of a run that succeeded.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from runner import contract
+from runner.storage import Storage
 from runner.watch.rundir import ExitRecord, Snapshot, Summary, number
 from runner.watch.state import RunState
 
@@ -89,8 +91,21 @@ def _user_rows(s: Summary) -> list[tuple[str, str]]:
     return rows
 
 
-def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
-    """The end-of-run summary: results, timings, strategy, and where every artifact is."""
+ARTIFACTS = (contract.METRICS, contract.CHECKPOINTS, contract.TENSORBOARD, contract.LOGS_DIR)
+
+
+def existing_artifacts(storage: Storage) -> set[str]:
+    """Which of ARTIFACTS the run directory holds (one listing): a custom command may write no metrics, no
+    checkpoints, no TensorBoard logs, and a run that never started has no log."""
+    keys = [info.key for info in storage.list("")]
+    return {a for a in ARTIFACTS if any(k == a or k.startswith(a + "/") for k in keys)}
+
+
+def summary_rows(
+    run_dir: str, state: RunState, snapshot: Snapshot, present: Collection[str] | None = None
+) -> list[tuple[str, str]]:
+    """The end-of-run summary: results, timings, strategy, and where every artifact is (of `present`, those that
+    exist, when the caller knows: existing_artifacts; else all of them)."""
     rows: list[tuple[str, str]] = [("state", str(state))]
     s = snapshot.summary or Summary()
     if s.fields or s.extra:
@@ -105,20 +120,21 @@ def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tupl
                 )
             )
     checkpoint = s.get("checkpoint") if s.is_trainers else None
-    rows += [
-        ("run directory", run_dir),
-        ("metrics", _join(run_dir, contract.METRICS)),
-        (
+    artifacts = {
+        contract.METRICS: ("metrics", _join(run_dir, contract.METRICS)),
+        contract.CHECKPOINTS: (
             "checkpoints",
             _join(run_dir, contract.CHECKPOINTS)
             + (f"/  (latest: {one_line(checkpoint.split('/')[-1])})" if checkpoint else "/"),
         ),
-        ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
-        (
+        contract.TENSORBOARD: ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
+        contract.LOGS_DIR: (
             "logs",
             _join(run_dir, contract.log_key(0) if len(snapshot.exits) < 2 else f"{contract.LOGS_DIR}/worker-N.log"),
         ),
-    ]
+    }
+    rows.append(("run directory", run_dir))
+    rows += [row for key, row in artifacts.items() if present is None or key in present]
     return rows
 
 

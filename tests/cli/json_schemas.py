@@ -122,6 +122,7 @@ STATUS: Schema = _object(
         "summary": {"type": ["object", "null"]},
         "heartbeat": {"type": ["object", "null"]},
         "exits": {"type": "array", "items": EXIT},
+        "artifacts": {"type": "object", "additionalProperties": STRING},
         "cost": COST,
         "startup": STARTUP,
         "warnings": STRINGS,
