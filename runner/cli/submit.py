@@ -86,6 +86,18 @@ def submit(
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
+    if plan.cloud is not None and spec.command is not None:
+        from runner.launch import code
+
+        rows.append(
+            (
+                "code",
+                f"yours, in the image at {code.WORKSPACE} (`runner build --context`)"
+                if code.has_code(spec.image)
+                else "none added to the image: `runner build --context DIR` puts DIR at the command's working "
+                f"directory, {code.WORKSPACE}",
+            )
+        )
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
