@@ -103,6 +103,7 @@ def logs(
     from runner.storage import open_storage
     from runner.watch.follow import LogTail, tail_for, whole_logs
     from runner.watch.follow import follow as follow_run
+    from runner.watch.logtext import LogCleaner, clean_log
     from runner.watch.lookup import current_state, resolve, without_bad_handle
 
     record = resolve(run)
@@ -111,12 +112,15 @@ def logs(
         has = f"{workers} workers, 0 to {workers - 1}" if workers > 1 else "1 worker, worker 0"
         raise UsageError(f"--worker {worker}: run {record.run_id} has {has}")
     storage = open_storage(record.run_dir)
+    # What is printed from storage is cleaned like what the supervisor stores (a log written before it did that,
+    # or by someone else, holds Keras' redraws and escape sequences): runner.watch.logtext.
     if not follow:
         if worker is None and workers > 1:
-            write_output(whole_logs(storage, workers))
+            write_output(clean_log(whole_logs(storage, workers)))
         else:
-            write_output(storage.read_bytes(contract.log_key(worker or 0)) or b"")
+            write_output(clean_log(storage.read_bytes(contract.log_key(worker or 0)) or b""))
         return
+    cleaner = LogCleaner()
 
     warnings: list[str] = []
     record = without_bad_handle(record, warnings)
@@ -125,12 +129,13 @@ def logs(
     backend = backend_named(record.backend, say)
     snapshot = follow_run(
         storage,
-        write_output,
+        lambda chunk: write_output(cleaner.feed(chunk)),
         num_workers=record.num_workers,
         interval_s=0.5 if storage.is_local else 2.0,
         tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
         stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
     )
+    write_output(cleaner.flush())
     # The log above already holds any traceback: the end says only how the run ended, and where to read more.
     import contextlib
 

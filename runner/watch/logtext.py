@@ -101,7 +101,13 @@ class LogCleaner:
         # anything else (colours, other control characters) is dropped
 
 
+_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")  # anything a terminal would not show as it is (\t, \n are fine)
+
+
 def clean_log(data: bytes) -> bytes:
-    """A whole log as a terminal would have left it (what `LogCleaner` stores, in one go)."""
+    """A whole log as a terminal would have left it (what `LogCleaner` stores, in one go); a log with nothing to
+    clean (every log the supervisor stored) is returned as it is, at once."""
+    if not _CONTROL.search(data):
+        return data
     cleaner = LogCleaner(redraw_every_s=float("inf"))
     return cleaner.feed(data) + cleaner.flush()

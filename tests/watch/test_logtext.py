@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from runner import contract
+from runner.cli import app
 from runner.watch.logtext import LogCleaner, clean_log
 
 # What Keras 3's progress bar writes to a terminal for one short epoch: colours, backspaces, carriage returns.
@@ -45,3 +53,20 @@ def test_a_line_redrawn_for_long_is_stored_now_and_then() -> None:
 def test_plain_output_passes_unchanged() -> None:
     text = 'Traceback (most recent call last):\n  File "x.py", line 1\n\tValueError: bad\n'
     assert clean_log(text.encode()) == text.encode()
+
+
+def test_runner_logs_prints_a_raw_stored_log_clean(tmp_path: Path) -> None:
+    """A log stored before the supervisor cleaned it (or by other code) prints clean, with or without -f."""
+    run_dir = tmp_path / "runs" / "old-1"
+    (run_dir / "exit").mkdir(parents=True)
+    info = {"run_id": "old-1", "job": "old", "backend": "local", "run_dir": str(run_dir), "created_at": time.time()}
+    (run_dir / contract.RUN_INFO).write_text(json.dumps({**info, "state": "succeeded"}))
+    (run_dir / contract.exit_key(0)).write_text(
+        json.dumps({"worker": 0, "state": "succeeded", "exit_code": 0, "finished_at": time.time()})
+    )
+    (run_dir / contract.log_key(0)).parent.mkdir()
+    (run_dir / contract.log_key(0)).write_bytes(KERAS_EPOCH)
+    expected = "Epoch 1/2\n3/3 ━━ 1s - loss: 1.50\n"
+    assert CliRunner().invoke(app, ["logs", str(run_dir)]).output == expected
+    follow = CliRunner().invoke(app, ["logs", str(run_dir), "-f"]).output
+    assert follow.startswith(expected) and "run old-1 succeeded" in follow
