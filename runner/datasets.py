@@ -137,6 +137,63 @@ def load_npz(path: Path | str) -> Mnist:
     return arrays
 
 
+def _local_copy(url: str) -> Path:
+    """A gs:// object as a local file (downloaded once per machine, under the temporary directory)."""
+    from runner.storage import open_storage
+
+    parent, _, name = url.rpartition("/")
+    local = Path(tempfile.gettempdir()) / "runner-data" / hashlib.sha256(url.encode()).hexdigest()[:16] / name
+    if not local.is_file():
+        partial = local.with_name(local.name + ".part")
+        if not open_storage(parent).download_file(name, partial):
+            raise DatasetError(f"{url}: no such object")
+        os.replace(partial, local)
+    return local
+
+
+def load_dataset(name: str = "mnist", source: str | Path | None = None) -> Mnist:
+    """MNIST as numpy arrays, for your own training code, from the same places the built-in trainer reads:
+
+        from runner.datasets import load_dataset
+        x_train, y_train, x_test, y_test = load_dataset("mnist")            # the runner's data cache
+        data = load_dataset("mnist", "gs://my-bucket/data/mnist.npz")       # or any .npz: gs:// or a path
+
+    uint8 images (N, 28, 28) and uint8 labels, as Keras' load_data() returns them. Without `source`: the data
+    cache ($RUNNER_DATA_DIR, set in every job; else the cache on this machine), then Keras' own download cache
+    (~/.keras/datasets/mnist.npz). Nothing goes through Keras, which refuses a path in load_data(path=...) and
+    re-downloads (offline: deletes) a mnist.npz whose checksum is not its own download's, as the cache's is not."""
+    if name != "mnist":
+        raise DatasetError(f"data set {name!r}: only 'mnist' is known (any other: load your own .npz with numpy)")
+    if source is not None:
+        text = str(source)
+        path = _local_copy(text) if text.startswith("gs://") else Path(text).expanduser()
+        if not path.is_file():
+            raise DatasetError(f"{text}: no such file")
+        return load_npz(path)
+    candidates = [cache_dir() / MNIST_NPZ, Path.home() / ".keras" / "datasets" / MNIST_NPZ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return load_npz(candidate)
+    raise DatasetError(
+        f"MNIST is not in the data cache ({candidates[0]}): run `python -m runner.datasets fetch`, or pass a .npz "
+        "(load_dataset('mnist', 'gs://BUCKET/mnist.npz'))"
+    )
+
+
+def keras_home_problem(env: dict[str, str], data_dir: str | None) -> str | None:
+    """Why an environment's KERAS_HOME would let Keras delete the data cache's mnist.npz, or None: Keras keeps
+    data sets in KERAS_HOME/datasets, and takes a mnist.npz there that is not its own download for a torn one."""
+    keras_home = env.get("KERAS_HOME")
+    if not keras_home or not data_dir:
+        return None
+    if os.path.normpath(os.path.join(os.path.expanduser(keras_home), "datasets")) != os.path.normpath(data_dir):
+        return None
+    return (
+        f"KERAS_HOME={keras_home} points Keras at the runner's data cache ({data_dir}): keras.datasets.mnist "
+        "would take its mnist.npz for a torn download and delete it; use runner.datasets.load_dataset('mnist')"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.datasets", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

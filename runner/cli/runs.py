@@ -3,7 +3,7 @@ its submitting runner died (everything is read from the run directory; the backe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,21 +21,27 @@ def status(
     """Show a run's state, progress and results (works from any shell, even after the submitter died)."""
     import json
 
+    from runner import contract
     from runner.collect.facts import gather
-    from runner.collect.summary import failure_tail, one_line, progress_text, summary_rows
+    from runner.collect.progress import standing
+    from runner.collect.summary import existing_artifacts, failure_tail, one_line, summary_rows
     from runner.storage import open_storage
     from runner.watch.events import read_events
     from runner.watch.lookup import current_state, resolve, without_bad_handle
-    from runner.watch.rundir import read_snapshot
+    from runner.watch.rundir import Progress, read_record, read_snapshot
 
     record = resolve(run)
     storage = open_storage(record.run_dir)
     snapshot = read_snapshot(storage)
     warnings = list(snapshot.problems)
+    # progress.json itself is fresher than the copy in the heartbeat (every 10 s)
+    progress = read_record(storage, contract.PROGRESS, Progress.from_json, warnings) or snapshot.progress
+    where = standing(progress, snapshot.metrics)
     events = read_events(storage, warnings)
     state = current_state(without_bad_handle(record, warnings), snapshot)
     facts = gather(record, storage, snapshot=snapshot, events=events)  # cost and startup: the events say both
     warnings += facts.warnings
+    present = existing_artifacts(storage)
     if as_json:
         echo(
             json.dumps(
@@ -45,9 +51,11 @@ def status(
                     "run_dir": record.run_dir,
                     "backend": record.backend,
                     "metrics": snapshot.metrics,
+                    **where.to_json(),
                     "summary": snapshot.summary.to_json() if snapshot.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
+                    "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(present)},
                     "cost": facts.cost.to_json() if facts.cost is not None else None,
                     "startup": facts.startup.to_json(),
                     "warnings": warnings,
@@ -64,8 +72,7 @@ def status(
     ]
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
-    if snapshot.metrics and not snapshot.summary:
-        rows.append(("progress", progress_text(snapshot.metrics[-1])))
+    rows += [row for row in where.rows() if not state.is_terminal() or row[0] == "last metrics"]
     if events:
         last = events[-1]
         rows.append(
@@ -73,7 +80,7 @@ def status(
         )
     rows += facts.rows()
     print_rows(rows, title=f"Run {record.run_id}")
-    print_rows(summary_rows(record.run_dir, state, snapshot))
+    print_rows(summary_rows(record.run_dir, state, snapshot, present))
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         echo(f"  {line}")
     for warning in warnings:
@@ -96,6 +103,7 @@ def logs(
     from runner.storage import open_storage
     from runner.watch.follow import LogTail, tail_for, whole_logs
     from runner.watch.follow import follow as follow_run
+    from runner.watch.logtext import LogCleaner, clean_log
     from runner.watch.lookup import current_state, resolve, without_bad_handle
 
     record = resolve(run)
@@ -104,33 +112,48 @@ def logs(
         has = f"{workers} workers, 0 to {workers - 1}" if workers > 1 else "1 worker, worker 0"
         raise UsageError(f"--worker {worker}: run {record.run_id} has {has}")
     storage = open_storage(record.run_dir)
+    # What is printed from storage is cleaned like what the supervisor stores (a log written before it did that,
+    # or by someone else, holds Keras' redraws and escape sequences): runner.watch.logtext.
     if not follow:
         if worker is None and workers > 1:
-            write_output(whole_logs(storage, workers))
+            write_output(clean_log(whole_logs(storage, workers)))
         else:
-            write_output(storage.read_bytes(contract.log_key(worker or 0)) or b"")
+            write_output(clean_log(storage.read_bytes(contract.log_key(worker or 0)) or b""))
         return
+    cleaner = LogCleaner()
 
     warnings: list[str] = []
     record = without_bad_handle(record, warnings)
     for warning in warnings:
         warn(warning)
     backend = backend_named(record.backend, say)
-    follow_run(
+    snapshot = follow_run(
         storage,
-        write_output,
+        lambda chunk: write_output(cleaner.feed(chunk)),
         num_workers=record.num_workers,
         interval_s=0.5 if storage.is_local else 2.0,
         tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
         stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
     )
+    write_output(cleaner.flush())
+    # The log above already holds any traceback: the end says only how the run ended, and where to read more.
+    import contextlib
+
+    from runner.collect.summary import ending
+    from runner.errors import RunnerError
+
+    with contextlib.suppress(RunnerError):
+        record = resolve(run)  # the submitter records why the run ended once it has
+    say(ending(record.run_id, current_state(record, snapshot, backend), snapshot, record.reason))
 
 
 @app.command("list")
-def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20) -> None:
+def list_runs(
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many runs.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
     """List the runs submitted from this machine, newest first."""
-
-    from rich.table import Table
+    import json
 
     from runner.backends import backend_named
     from runner.collect.facts import gather
@@ -140,37 +163,80 @@ def list_runs(limit: Annotated[int, typer.Option(min=1, help="Show at most this 
     from runner.watch.lookup import current_state, without_bad_handle
     from runner.watch.rundir import read_snapshot
 
-    table = Table("run", "job", "backend", "state", "created", "test acc.", "cost", box=None, pad_edge=False)
     warnings: list[str] = []
     found = runs.list_records(warnings)[:limit]
     backends: dict[str, Backend] = {}
+    entries: list[dict[str, Any]] = []
     for record in found:
+        entry: dict[str, Any] = {
+            "run_id": record.run_id,
+            "job": record.job,
+            "backend": record.backend,
+            "state": "?",
+            "created_at": record.created_at,
+            "run_dir": record.run_dir,
+            "test_accuracy": None,
+            "last_metrics": None,
+            "cost": None,
+            "cost_cell": "?",
+        }
         try:
             storage = open_storage(record.run_dir)
-            snapshot = read_snapshot(storage, with_metrics=False)
+            snapshot = read_snapshot(storage)
             if record.backend not in backends:
                 backends[record.backend] = backend_named(record.backend, say)
-            state = str(current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend]))
-            accuracy = snapshot.summary.test_accuracy if snapshot.summary else None
+            state = current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend])
+            entry["state"] = str(state)
+            entry["test_accuracy"] = snapshot.summary.test_accuracy if snapshot.summary else None
+            entry["last_metrics"] = snapshot.metrics[-1] if snapshot.metrics else None
             facts = gather(record, storage, snapshot=snapshot)
-            cost = facts.cost_cell()
+            entry["cost"] = facts.cost.to_json() if facts.cost is not None else None
+            entry["cost_cell"] = facts.cost_cell()
             warnings += [f"{record.run_id}: {problem}" for problem in [*snapshot.problems, *facts.warnings]]
         except Exception as exc:  # one unreachable run directory must not hide the others
-            state, accuracy, cost = "?", None, "?"
             reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
             warnings.append(f"{record.run_id}: {reason}")
-        table.add_row(
-            record.run_id,
-            record.job,
-            record.backend,
-            state,
-            when(record.created_at, "%Y-%m-%d %H:%M"),
-            f"{accuracy:.4f}" if accuracy is not None else "-",
-            cost,
-        )
-    if found:
-        console().print(table)
-    elif not warnings:
+        entries.append(entry)
+    if as_json:
+        echo(json.dumps({"runs": entries, "warnings": warnings}, default=str, indent=1))
+        return
+    _print_runs(entries)
+    if not found and not warnings:
         say("no runs yet; start one with `runner submit jobs/mnist.yaml --local`")
     for warning in warnings:
         warn(warning)
+
+
+def _unplaced(line: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in line.items() if k not in ("epoch", "step")}
+
+
+def _print_runs(entries: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    if not entries:
+        return
+    from runner.collect.progress import metrics_text
+
+    table = Table("run", "job", "backend", "state", "created", "result", "cost", box=None, pad_edge=False)
+    table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies
+    for entry in entries:
+        accuracy, last = entry["test_accuracy"], entry["last_metrics"]
+        # the trainer's test accuracy; else what a command wrote to RUNNER_METRICS_FILE last
+        result = (
+            f"test acc. {accuracy:.4f}"
+            if accuracy is not None
+            else metrics_text(_unplaced(last), 2, say_more=False)
+            if last
+            else "-"
+        )
+        table.add_row(
+            entry["run_id"],
+            entry["job"],
+            entry["backend"],
+            entry["state"],
+            when(entry["created_at"], "%Y-%m-%d %H:%M"),
+            result,
+            entry["cost_cell"],
+        )
+    console().print(table)

@@ -11,6 +11,7 @@ from runner.cli.typer_app import SetOpt, SpecArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+    from runner.errors import PlanError
     from runner.plan.planner import Plan
     from runner.watch.rundir import Snapshot
     from runner.watch.runs import RunRecord
@@ -48,6 +49,7 @@ def submit(
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
+    from runner.errors import PlanError
     from runner.spec.loader import load_spec
     from runner.timings import Timings
 
@@ -61,6 +63,7 @@ def submit(
         else f"`{spec.command_line}`"
     )
     backend: Backend[Any]
+    problems: list[PlanError] = []
     if local:
         from runner.backends.local import LocalBackend
         from runner.plan.planner import plan_local
@@ -69,9 +72,12 @@ def submit(
         backend = LocalBackend(prefer="process" if process else None)
     else:
         from runner.backends.tpu_vm import TpuVmBackend
-        from runner.plan.planner import plan_cloud
+        from runner.plan.planner import Problems, plan_cloud
 
-        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone)
+        problems = Problems()  # every pre-flight problem, not only the first
+        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
+        if not dry_run:
+            problems.raise_all()
         backend = TpuVmBackend(say=say, timings=timings)
     rows = [
         ("run", plan.run_id),
@@ -80,13 +86,35 @@ def submit(
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
+    if plan.cloud is not None and spec.command is not None:
+        from runner.launch import code
+
+        rows.append(
+            (
+                "code",
+                f"yours, in the image at {code.WORKSPACE} (`runner build --context`)"
+                if code.has_code(spec.image)
+                else "none added to the image: `runner build --context DIR` puts DIR at the command's working "
+                f"directory, {code.WORKSPACE}",
+            )
+        )
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
     warnings = plan.cloud.warnings if plan.cloud is not None else ()
     rows += [("warning", text) for text in warnings]
     if dry_run:
+        if plan.cloud is not None:
+            rows.append(("image check", "not done offline: `runner submit` asks the registry before creating anything"))
         echo(dry_run_text(plan, backend, rows))
+        if problems:
+            echo()
+            echo(problems_text(problems))
+            raise PlanError(
+                f"the dry run found {len(problems)} pre-flight problem{'s' if len(problems) > 1 else ''} (above); "
+                "`runner submit` stops on them before anything is created",
+                hint="fix them and dry-run again; placeholders in capitals (PROJECT, BUCKET) stand for what is missing",
+            )
         return
     print_rows(rows)
     if plan.cloud is not None:
@@ -108,9 +136,22 @@ def dry_run_text(plan: Plan, backend: Backend[Any], rows: list[tuple[str, str]])
     )
 
 
+def problems_text(problems: list[PlanError]) -> str:
+    """The pre-flight problems a dry run found, numbered, each with its hint."""
+    lines = [style(f"Pre-flight problems ({len(problems)})", bold=True)]
+    for number, problem in enumerate(problems, 1):
+        first, *rest = problem.message.splitlines()
+        lines.append(f"  {number}. {first}")
+        lines += [f"     {line.strip()}" for line in rest]
+        if problem.hint:
+            lines.append(f"     hint: {problem.hint}")
+    return "\n".join(lines)
+
+
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import failure_output, summary_rows
-    from runner.errors import RunFailed
+    from runner.collect.summary import existing_artifacts, failure_output, one_line, summary_rows
+    from runner.errors import RunFailed, RunnerError
+    from runner.storage import open_storage
     from runner.watch.state import RunState
 
     if detached:
@@ -119,21 +160,44 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
         return
     assert snapshot is not None
     echo()
-    rows = summary_rows(record.run_dir, state, snapshot)
+    try:
+        present: set[str] | None = existing_artifacts(open_storage(record.run_dir))
+    except RunnerError:
+        present = None  # storage unreadable now: every path, as the contract has them
+    rows = summary_rows(record.run_dir, state, snapshot, present)
     if record.reason:
         rows.insert(1, ("reason", record.reason))
+    worker, tail = failure_output(snapshot) if state == RunState.FAILED else (None, [])
+    # One host: the traceback just scrolled by in the job's output; once is enough, its last line says what failed.
+    # A slice's workers' lines were interleaved: the failed one's are shown again, together.
+    shown = bool(tail) and record.num_workers <= 1 and was_streamed(record, worker or 0, tail)
+    if shown:
+        rows.insert(1, ("error", one_line(tail[-1]) + "  (its output is above)"))
     rows += end_rows(record, state, snapshot)
     print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
-    worker, tail = failure_output(snapshot)
-    if tail and state == RunState.FAILED:
+    if tail and not shown:
         echo(style("last output:" if len(snapshot.exits) < 2 else f"last output of worker {worker}:", bold=True))
         for line in tail:
             echo(f"  {line}")
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
+
+
+def was_streamed(record: RunRecord, worker: int, tail: list[str]) -> bool:
+    """Whether a failed worker's last lines are in its stored log, which `submit` has just printed as it came.
+    (They are not when the bootstrap wrote the exit record: an image that could not be pulled, a killed container.)"""
+    from runner import contract
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+
+    try:
+        log = (open_storage(record.run_dir).read_bytes(contract.log_key(worker)) or b"").decode(errors="replace")
+    except RunnerError:
+        return False
+    return all(line in log for line in tail[-3:])
 
 
 def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from runner.bench.command import bench  # typer and the standard library only
@@ -28,18 +30,26 @@ def build(
     push: bool = typer.Option(False, "--push", help="Push to Artifact Registry (skipped when the tag is there)."),
     build_arg: list[str] = typer.Option([], "--build-arg", help="KEY=VALUE for docker build (part of the tag)."),
     print_ref: bool = typer.Option(False, "--print-ref", help="Print the image reference and exit (no Docker)."),
+    context: Path | None = typer.Option(
+        None,
+        "--context",
+        help="Your code: this directory goes into the image at /workspace (the working directory of `command`).",
+        file_okay=False,
+    ),
 ) -> None:
     """Build the trainer image tagged by content, and push it; a tag that exists is never rebuilt or re-pushed."""
-    from runner.launch import image
+    from runner.launch import code, image
 
     variant = _variant(variant, spec, device)
     args = image.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)
         ref = image.reference(project, region, repo, variant, tag) if project else image.local_reference(variant, tag)
-        echo(ref)
+        echo(code.code_reference(ref, context) if context else ref)
         return
     result = image.ensure_image(variant, project=project, region=region, repo=repo, push=push, build_args=args)
+    if context is not None:
+        result = code.ensure_code_image(result, context, push=push)
     echo(f"image: {result.reference}")
 
 

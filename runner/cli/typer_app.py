@@ -46,7 +46,7 @@ app = typer.Typer(
     cls=_RunnerGroup,
     help="Run containerized training jobs on Cloud TPU VMs, or the same job locally, and never pay for an idle TPU.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     # Plain help: rich's help renderer imports markdown-it and ~150 ms of modules; `runner --help` must be instant.
     rich_markup_mode=None,

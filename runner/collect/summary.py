@@ -7,9 +7,11 @@ left out, never a KeyError at the end of a run that succeeded.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from runner import contract
+from runner.storage import Storage
 from runner.watch.rundir import ExitRecord, Snapshot, Summary, number
 from runner.watch.state import RunState
 
@@ -32,24 +34,6 @@ def _scalar(value: Any) -> str:
     if as_float is not None and isinstance(value, float):
         return f"{as_float:.6g}"
     return one_line(value, 100)
-
-
-def progress_text(line: dict[str, Any]) -> str:
-    """One metrics.jsonl line as a status row: the trainer's epoch line, or whatever a custom command wrote."""
-    known = [
-        ("accuracy", "accuracy {:.4f}"),
-        ("val_accuracy", "val_accuracy {:.4f}"),
-        ("epoch_time_s", "{:.1f}s"),
-    ]
-    parts = [fmt.format(value) for key, fmt in known if (value := number(line.get(key))) is not None]
-    if "epoch" in line:
-        return f"epoch {one_line(line['epoch'], 20)} done" + (f": {', '.join(parts)}" if parts else "")
-    if parts:
-        return ", ".join(parts)
-    entries = [
-        f"{one_line(k, 40)} {_scalar(v)}" for k, v in line.items() if v is None or isinstance(v, str | int | float)
-    ]
-    return one_line(", ".join(entries), 200) or "-"
 
 
 def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
@@ -107,8 +91,21 @@ def _user_rows(s: Summary) -> list[tuple[str, str]]:
     return rows
 
 
-def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
-    """The end-of-run summary: results, timings, strategy, and where every artifact is."""
+ARTIFACTS = (contract.METRICS, contract.CHECKPOINTS, contract.TENSORBOARD, contract.LOGS_DIR)
+
+
+def existing_artifacts(storage: Storage) -> set[str]:
+    """Which of ARTIFACTS the run directory holds (one listing): a custom command may write no metrics, no
+    checkpoints, no TensorBoard logs, and a run that never started has no log."""
+    keys = [info.key for info in storage.list("")]
+    return {a for a in ARTIFACTS if any(k == a or k.startswith(a + "/") for k in keys)}
+
+
+def summary_rows(
+    run_dir: str, state: RunState, snapshot: Snapshot, present: Collection[str] | None = None
+) -> list[tuple[str, str]]:
+    """The end-of-run summary: results, timings, strategy, and where every artifact is (of `present`, those that
+    exist, when the caller knows: existing_artifacts; else all of them)."""
     rows: list[tuple[str, str]] = [("state", str(state))]
     s = snapshot.summary or Summary()
     if s.fields or s.extra:
@@ -123,20 +120,21 @@ def summary_rows(run_dir: str, state: RunState, snapshot: Snapshot) -> list[tupl
                 )
             )
     checkpoint = s.get("checkpoint") if s.is_trainers else None
-    rows += [
-        ("run directory", run_dir),
-        ("metrics", _join(run_dir, contract.METRICS)),
-        (
+    artifacts = {
+        contract.METRICS: ("metrics", _join(run_dir, contract.METRICS)),
+        contract.CHECKPOINTS: (
             "checkpoints",
             _join(run_dir, contract.CHECKPOINTS)
             + (f"/  (latest: {one_line(checkpoint.split('/')[-1])})" if checkpoint else "/"),
         ),
-        ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
-        (
+        contract.TENSORBOARD: ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
+        contract.LOGS_DIR: (
             "logs",
             _join(run_dir, contract.log_key(0) if len(snapshot.exits) < 2 else f"{contract.LOGS_DIR}/worker-N.log"),
         ),
-    ]
+    }
+    rows.append(("run directory", run_dir))
+    rows += [row for key, row in artifacts.items() if present is None or key in present]
     return rows
 
 
@@ -155,3 +153,16 @@ def failure_output(snapshot: Snapshot, lines: int = 15) -> tuple[int | None, lis
 
 def failure_tail(snapshot: Snapshot, lines: int = 15) -> list[str]:
     return failure_output(snapshot, lines)[1]
+
+
+def ending(run_id: str, state: RunState, snapshot: Snapshot, reason: str | None = None) -> str:
+    """One line that says how a run ended, after its log was shown (`runner logs -f`): the state, the first
+    failed worker's exit code and error, and where the results are."""
+    text = f"run {run_id} {state}"
+    failed = first_failure(snapshot)
+    if reason:
+        text += f": {one_line(reason)}"
+    elif failed is not None:
+        worker = f"worker {failed.worker} " if len(snapshot.exits) > 1 else ""
+        text += f": {worker}exit code {failed.exit_code}" + (f", {one_line(failed.error)}" if failed.error else "")
+    return text + f"  (`runner status {run_id}` for the results)"

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from runner import contract, datasets
 from runner.errors import PlanError, UsageError
@@ -20,8 +22,37 @@ from runner.plan import catalog, compat
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
 from runner.spec import JobSpec, check_storage
 
+T = TypeVar("T")
+
 RUNS_DIR = "runs"
 CLOUD_DATA_DIR = "/tmp/tpu-runner/datasets"  # RUNNER_DATA_DIR inside a TPU VM's container: writable by any user
+# What a dry run shows in place of what is missing, so that the whole plan can still be read (and every problem
+# listed at its end). They can never reach an API: a plan with problems is never submitted.
+PLACEHOLDER_PROJECT = "PROJECT"
+PLACEHOLDER_STORAGE = "gs://BUCKET/tpu-runner"
+EXAMPLE_PROJECT = "my-project"  # the project the shipped jobs' `image:` names, until `make push` prints yours
+
+
+class Problems(list[PlanError]):
+    """Pre-flight problems collected instead of raised (`submit --dry-run` lists them all at its end)."""
+
+    def attempt(self, check: Callable[[], T], fallback: T) -> T:
+        try:
+            return check()
+        except PlanError as exc:
+            self.append(exc)
+            return fallback
+
+    def raise_all(self) -> None:
+        """One PlanError that names every problem (the first one's hint), or nothing when there is none."""
+        if not self:
+            return
+        if len(self) == 1:
+            raise self[0]
+        lines = "".join(
+            f"\n  {i}. {p.message}" + (f"\n     hint: {p.hint}" if p.hint else "") for i, p in enumerate(self, 1)
+        )
+        raise PlanError(f"{len(self)} pre-flight problems:{lines}")
 
 
 @dataclass(frozen=True)
@@ -151,6 +182,27 @@ def check_image_for_cloud(image: str) -> None:
         raise PlanError(f"image {image!r}: {problem}")
 
 
+def _raise(error: PlanError) -> Callable[[], None]:
+    def fail() -> None:
+        raise error
+
+    return fail
+
+
+def check_image_project(image: str, project: str) -> None:
+    """The shipped jobs name an image in the example project: a run elsewhere would boot a VM that cannot pull it."""
+    ref = ImageRef.parse(image)
+    if not (ref.host or "").endswith("-docker.pkg.dev") or ref.path.split("/")[0] != EXAMPLE_PROJECT:
+        return
+    if project == EXAMPLE_PROJECT:
+        return
+    raise PlanError(
+        f"image {image!r} is the example job's placeholder (project {EXAMPLE_PROJECT!r}), not an image of yours",
+        hint=f"`make push VARIANT=tpu PROJECT={project if project != PLACEHOLDER_PROJECT else 'P'} REGION=R` builds "
+        "and pushes the trainer image and prints its reference: put it in `image:`",
+    )
+
+
 def check_image_variant(spec: JobSpec, device: str) -> None:
     """An image `runner build` named (trainer-<variant>) must be the variant the job needs: a TensorFlow image
     cannot run training.framework jax, nor a JAX image TensorFlow, and a CPU or GPU image on a TPU VM would fail
@@ -169,9 +221,16 @@ def check_image_variant(spec: JobSpec, device: str) -> None:
 
 
 def resolve_cloud_target(
-    spec: JobSpec, run_id: str, *, project: str | None, zone: str | None, environ: dict[str, str] | None = None
+    spec: JobSpec,
+    run_id: str,
+    *,
+    project: str | None,
+    zone: str | None,
+    environ: dict[str, str] | None = None,
+    problems: Problems | None = None,
 ) -> CloudTarget:
-    """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials."""
+    """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials. With
+    `problems`, each one is collected there and a placeholder stands in (a missing project, a missing zone)."""
     from runner.plan import gcloud as gcloud_config
 
     acc = spec.accelerator
@@ -180,22 +239,34 @@ def resolve_cloud_target(
     if not zones and (default := gcloud_config.default_zone(environ)):
         zones = (default,)
     accel, findings = compat.check(spec, zones)
-    errors = [f for f in findings if f.error]
-    if errors:
-        more = "".join(f"\n  {f.message}" + (f" ({f.hint})" if f.hint else "") for f in errors[1:])
+    errors = [PlanError(f.message, hint=f.hint) for f in findings if f.error]
+    if problems is not None:
+        problems += errors
+        if accel is None:  # nothing can be planned without the type: every problem so far, at once
+            problems.raise_all()
+    elif errors:
+        more = "".join(f"\n  {e.message}" + (f" ({e.hint})" if e.hint else "") for e in errors[1:])
         raise PlanError(errors[0].message + more, hint=errors[0].hint)
     assert accel is not None
     if not project:
-        raise PlanError(
+        missing = PlanError(
             "no Google Cloud project",
             hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
         )
+        if problems is None:
+            raise missing
+        problems.append(missing)
+        project = PLACEHOLDER_PROJECT
     if not zones:
-        raise PlanError(
+        missing = PlanError(
             "no zone for the TPU VM",
             hint=f"{accel.name} is offered in {', '.join(accel.zones)}; set "
             "accelerator.zone(s), pass --zone, or `gcloud config set compute/zone ZONE`",
         )
+        if problems is None:
+            raise missing
+        problems.append(missing)
+        zones = (accel.zones[0],)
     offered = [z for z in zones if z in accel.zones]
     runtime = acc.runtime_version or accel.generation.default_runtime
     # TensorFlow on a pod slice runs on worker 0 (the other hosts serve the TPU runtime); JAX and commands run on
@@ -245,20 +316,35 @@ def plan_cloud(
     now: float | None = None,
     run_suffix: str | None = None,
     nonce: str | None = None,
+    problems: Problems | None = None,
 ) -> Plan:
-    """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying.
+    """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying: the first
+    problem, or with `problems` every one of them, collected there while the plan goes on with placeholders (it
+    raises only when nothing can be planned: an accelerator type the catalog does not know).
     `now`, `run_suffix` and `nonce` pin what is otherwise unique to each submit (golden tests)."""
+    collect = problems is not None
+    found = problems if problems is not None else Problems()
+
+    def check(step: Callable[[], T], fallback: T) -> T:
+        return found.attempt(step, fallback) if collect else step()
+
     now = now or time.time()
     run_id = new_run_id(spec.name, now, run_suffix)
-    storage_url = resolve_storage(spec, storage, cloud=True)
-    check_image_for_cloud(spec.image)
-    check_image_variant(spec, "tpu")
+    storage_url = check(lambda: resolve_storage(spec, storage, cloud=True), PLACEHOLDER_STORAGE)
+    check(lambda: check_image_for_cloud(spec.image), None)
+    check(lambda: check_image_variant(spec, "tpu"), None)
     for key, value in spec.env.items():
         if "\n" in value or "\0" in value:
-            raise PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")
-    target = resolve_cloud_target(spec, run_id, project=project, zone=zone, environ=environ)
+            check(_raise(PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")), None)
+    target = resolve_cloud_target(
+        spec, run_id, project=project, zone=zone, environ=environ, problems=found if collect else None
+    )
+    check(lambda: check_image_project(spec.image, target.project), None)
     # The budget, where it is earlier, is the run's max_runtime from here on: deadline, VM watchdog, job safety net.
-    limit = runtime_limit(spec, target.price_per_hour)
+    limit = check(
+        lambda: runtime_limit(spec, target.price_per_hour),
+        runtime_limit(spec.model_copy(update={"budget": None}), target.price_per_hour),
+    )
     spec = limited(spec, limit)
     # A queued resource never waits past the deadline, the budget's included.
     target = replace(target, max_wait_s=min(target.max_wait_s, spec.teardown.max_runtime))

@@ -3,7 +3,8 @@
 One supervisor runs on each worker (each TPU VM host, or the one local process). It
 
   * starts the job (the built-in trainer, or the spec's custom command) with the contract's environment,
-  * tees the job's output to the terminal (docker logs) and to logs/worker-N.log,
+  * tees the job's output to the terminal (docker logs) and, cleaned of progress-bar redraws and escape
+    sequences, to logs/worker-N.log,
   * writes the heartbeat while the job lives and mirrors the output directory to storage,
   * stops the job on SIGTERM/SIGINT (docker stop, preemption notice, the runner), when max_runtime passes, or
     when the job's progress has not advanced for teardown.hang_timeout (opt-in: a wedged collective),
@@ -27,11 +28,14 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import BinaryIO
 
 from runner import contract
+from runner.datasets import keras_home_problem
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now
+from runner.watch.logtext import LogCleaner
 from runner.watch.rundir import ExitRecord, Heartbeat, Progress
 from runner.watch.state import RunState
 from runner.worker.mirror import Mirror, checkpoint_keep
@@ -102,20 +106,26 @@ class Supervisor:
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
+        """The job's output: raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape
+        sequences into the log file and the exit record's tail (runner.watch.logtext)."""
         assert proc.stdout is not None
+        cleaner = LogCleaner()
         partial = b""
+
+        def store(data: bytes, log: BinaryIO) -> bytes:
+            log.write(data)
+            log.flush()
+            *lines, rest = (partial + data).split(b"\n")
+            self.tail.extend(line.decode(errors="replace") for line in lines if line.strip())
+            return rest
+
         with log_file.open("ab") as log:
             while chunk := os.read(proc.stdout.fileno(), 65536):
-                log.write(chunk)
-                log.flush()
                 self._output_bytes += len(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
-                partial += chunk
-                *lines, partial = partial.replace(b"\r", b"\n").split(b"\n")
-                self.tail.extend(line.decode(errors="replace") for line in lines if line.strip())
-        if partial.strip():
-            self.tail.append(partial.decode(errors="replace"))
+                partial = store(cleaner.feed(chunk), log)
+            partial = store(cleaner.flush(), log)
 
     # -- periodic work ------------------------------------------------------------------------------------------
 
@@ -237,10 +247,14 @@ class Supervisor:
         self.push()
         log_file = self.output / contract.log_key(self.worker)
         log_file.parent.mkdir(parents=True, exist_ok=True)
+        env = self.job_env()
+        if problem := keras_home_problem(env, env.get(contract.DATA_DIR)):  # said where the user reads the output
+            with log_file.open("ab") as log:
+                log.write(f"[runner] warning: {problem}\n".encode())
         try:
             proc = subprocess.Popen(
                 cmd,
-                env=self.job_env(),
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

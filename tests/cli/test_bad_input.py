@@ -21,7 +21,8 @@ from typer.testing import CliRunner, Result
 
 from runner import contract
 from runner.cli import app
-from runner.collect.summary import progress_text, summary_rows
+from runner.collect.progress import metrics_text
+from runner.collect.summary import summary_rows
 from runner.errors import PlanError, SpecError, UsageError
 from runner.plan.planner import resolve_storage
 from runner.spec import JobSpec
@@ -248,12 +249,12 @@ RUN_FILES: list[tuple[str, str, str, str | None]] = [
     (contract.SUMMARY, "garbage{", "succeeded", "summary.json is corrupt: not JSON (Expecting value"),
     (contract.SUMMARY, "", "succeeded", "summary.json is corrupt: not JSON"),
     (contract.SUMMARY, "[" * 100_000, "succeeded", "summary.json is corrupt: not JSON (nested too deeply)"),
-    (contract.METRICS, '{"epoch": 1}\n', "epoch 1 done", None),
-    (contract.METRICS, '{"loss": 0.25, "step": 7}\n', "loss 0.25, step 7", None),
-    (contract.METRICS, '{"epoch": 1, "accuracy": 0.5}\n{"epoch": 2, "acc', "epoch 1 done: accuracy 0.5000", None),
+    (contract.METRICS, '{"epoch": 1}\n', "epoch 1", None),
+    (contract.METRICS, '{"loss": 0.25, "step": 7}\n', "step 7: loss 0.2500", None),
+    (contract.METRICS, '{"epoch": 1, "accuracy": 0.5}\n{"epoch": 2, "acc', "epoch 1: accuracy 0.5000", None),
     (contract.METRICS, "[1]\n", "succeeded", "metrics.jsonl is corrupt: not one line is a valid JSON record"),
     (contract.METRICS, "xx\nyy\n", "succeeded", "metrics.jsonl is corrupt"),
-    (contract.METRICS, 'garbage\n{"epoch": 3}\n', "epoch 3 done", "metrics.jsonl: skipped 1 corrupt line(s)"),
+    (contract.METRICS, 'garbage\n{"epoch": 3}\n', "epoch 3", "metrics.jsonl: skipped 1 corrupt line(s)"),
     ("events/runner.jsonl", "garbage\n", "succeeded", "events/runner.jsonl is corrupt"),
     ("events/worker-0.jsonl", '{"time": 1, "source": "w", "event": "x"}\n{"ti', "succeeded", None),
     ("events/worker-0.jsonl", '{"no": "event"}\n', "succeeded", "events/worker-0.jsonl is corrupt"),
@@ -310,7 +311,7 @@ def test_summary_rows_take_any_shape() -> None:
         assert rows[0] == ("state", "failed") and rows[-1][0] == "logs"
         assert all("\n" not in f"{k}{v}" and "\x1b" not in f"{k}{v}" for k, v in rows), rows
     for line in [{}, {"epoch": "x", "accuracy": "high"}, {"epoch_time_s": True}, {"a": [1]}]:
-        assert isinstance(progress_text(line), str)
+        assert isinstance(metrics_text(line), str)
 
 
 def test_a_gone_run_directory_still_has_a_status(tmp_path: Path) -> None:

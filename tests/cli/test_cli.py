@@ -161,12 +161,20 @@ def test_submit_local_custom_command_then_status_logs_list(tmp_path: Path) -> No
     assert invoke("status", str(run_dir)).exit_code == 0  # a run directory works without a record
 
 
-def test_failed_command_exits_6_and_shows_its_last_output(tmp_path: Path) -> None:
-    job = command_job(tmp_path, "import sys; print('loading'); sys.exit('ValueError: bad things')")
+def test_failed_command_exits_6_and_shows_its_traceback_once(tmp_path: Path) -> None:
+    job = command_job(tmp_path, "print('loading')\ndef load():\n    raise ValueError('bad things')\nload()")
     result = invoke("submit", str(job), "--local")
     assert result.exit_code == 6
-    assert "last output:" in result.output and "ValueError: bad things" in result.output
+    assert result.output.count("Traceback (most recent call last)") == 1, result.output
+    assert "last output:" not in result.output  # it scrolled by as the job wrote it
+    assert re.search(r"^error +ValueError: bad things  \(its output is above\)$", result.output, re.M), result.output
     assert "ended failed" in result.output
+    run_id = run_id_from(result.output)
+    status = invoke("status", run_id)  # status shows no log: the tail, once
+    assert status.output.count("Traceback (most recent call last)") == 1
+    follow = invoke("logs", run_id, "-f")
+    assert follow.output.count("Traceback (most recent call last)") == 1
+    assert f"run {run_id} failed: exit code 1" in follow.output.splitlines()[-1]
 
 
 def test_unknown_run(tmp_path: Path) -> None:

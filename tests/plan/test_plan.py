@@ -91,7 +91,8 @@ def test_project_and_zone_from_gcloud_config(tmp_path: Path) -> None:
     (tmp_path / "active_config").write_text("work\n")
     config = "[core]\nproject = from-gcloud\n[compute]\nzone = us-west1-c\n"
     (tmp_path / "configurations" / "config_work").write_text(config)
-    s = JobSpec.model_validate({"name": "j", "image": IMAGE, "training": {}, "storage": "gs://my-bucket"})
+    shared = "us-central1-docker.pkg.dev/shared-images/tpu-runner/trainer:v1"  # another project's registry will do
+    s = JobSpec.model_validate({"name": "j", "image": shared, "training": {}, "storage": "gs://my-bucket"})
     p = plan_cloud(s, None, environ={"CLOUDSDK_CONFIG": str(tmp_path)})
     assert p.cloud is not None and (p.cloud.project, p.cloud.zones) == ("from-gcloud", ("us-west1-c",))
     env_first = plan_cloud(s, None, environ={"CLOUDSDK_CONFIG": str(tmp_path), "CLOUDSDK_CORE_PROJECT": "from-env"})
@@ -281,3 +282,36 @@ def test_spec_text_for_cloud_is_validated_before_planning() -> None:
     )
     p = plan(s)
     assert p.env["RUNNER_COMMAND"] == json.dumps(["/bin/sh", "-c", "echo hi"])
+
+
+def test_dry_run_of_the_shipped_job_shows_the_whole_plan_then_every_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No project, local storage, the example's image: the plan and the request are shown with placeholders, and
+    every problem is listed at the end (exit 2); a real submit names all of them at once too, and creates nothing."""
+    from typer.testing import CliRunner
+
+    from runner.cli import app
+
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
+    job = str(REPO / "jobs" / "mnist.yaml")
+    result = CliRunner().invoke(app, ["submit", job, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    out = result.output
+    assert "POST /v2/projects/PROJECT/locations/us-central1-a/nodes?nodeId=mnist-" in out
+    assert "RUN_DIR=gs://BUCKET/tpu-runner/runs/mnist-" in out and "startup-script" in out
+    listed = out[out.index("Pre-flight problems (3)") :]
+    assert "1. storage '.' is a local path" in listed
+    assert "2. no Google Cloud project" in listed
+    assert "3. image 'us-central1-docker.pkg.dev/my-project/" in listed and "make push VARIANT=tpu" in listed
+    assert "the dry run found 3 pre-flight problems" in out
+    fixed = [
+        "--project",
+        "acme-ml",
+        "--storage",
+        "gs://acme-runs/x",
+        "--set",
+        f"image={IMAGE.replace('my-project', 'acme-ml')}",
+    ]
+    assert CliRunner().invoke(app, ["submit", job, "--dry-run", *fixed]).exit_code == 0
+    real = CliRunner().invoke(app, ["submit", job])
+    assert real.exit_code == 2 and "3 pre-flight problems:" in real.output and "no Google Cloud project" in real.output

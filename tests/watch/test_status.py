@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner import contract
-from runner.collect.summary import progress_text, summary_rows
+from runner.collect.progress import metrics_text
+from runner.collect.summary import summary_rows
 from runner.storage import open_storage
 from runner.watch.events import read_events
 from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot, read_snapshot
@@ -152,7 +153,7 @@ def _read_and_show(run_dir: Path, key: str, data: bytes) -> None:
     state(snapshot, recorded=RunState.RUNNING)  # derive_state copes with what read_snapshot kept
     summary_rows(str(run_dir), RunState.SUCCEEDED, snapshot)
     for line in snapshot.metrics:
-        progress_text(line)
+        metrics_text(line)
     assert all(isinstance(e.time, float) for e in events)
 
 

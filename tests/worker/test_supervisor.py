@@ -219,3 +219,28 @@ def test_heartbeat_is_fresh_while_the_job_runs(
         time.sleep(0.3)
     assert proc.wait(30) == 0
     assert len(beats) >= 2  # refreshed, not written once
+
+
+def test_the_log_is_stored_clean_and_the_live_output_keeps_the_redraws(tmp_path: Path) -> None:
+    """Keras' progress bar redraws one line with backspaces and \\r, in colour: the terminal (the supervisor's
+    stdout) gets it as it is, logs/worker-0.log and the exit record's tail get what a terminal ends up showing."""
+    script = (
+        "import sys\n"
+        "for i in range(1, 4):\n"
+        "    sys.stdout.write('\\b' * 20 + '\\r\\x1b[1m' + f'{i}/3\\x1b[0m - loss: 0.{9 - i}'); sys.stdout.flush()\n"
+        "print()\n"
+        "print('\\x1b[32mdone\\x1b[0m')\n"
+    )
+    run_dir = str(tmp_path / "run")
+    result = subprocess.run(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(run_dir, [sys.executable, "-c", script]),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert b"\r\x1b[1m2/3\x1b[0m" in result.stdout
+    assert (Path(run_dir) / contract.log_key(0)).read_text() == "3/3 - loss: 0.6\ndone\n"
+    record = json.loads((Path(run_dir) / contract.exit_key(0)).read_text())
+    assert record["tail"] == ["3/3 - loss: 0.6", "done"]

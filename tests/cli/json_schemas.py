@@ -1,0 +1,188 @@
+"""The JSON Schemas of what `--json` prints (validate, status, list, report), and a validator for the subset of
+JSON Schema they use (type, properties, required, additionalProperties, items, enum): jsonschema is not a
+dependency of the runner, and these documents are the contract scripts may rely on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def problems(value: Any, schema: Schema, path: str = "$") -> list[str]:
+    """Every way `value` breaks `schema`, each with its JSON path; [] when it conforms."""
+    found: list[str] = []
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        ok = any(
+            isinstance(value, _TYPES[k]) and not (isinstance(value, bool) and k in ("number", "integer")) for k in kinds
+        )
+        if not ok:
+            return [f"{path}: {type(value).__name__} {value!r:.60} is not {' or '.join(kinds)}"]
+    if "enum" in schema and value not in schema["enum"]:
+        found.append(f"{path}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, dict):
+        props: dict[str, Schema] = schema.get("properties", {})
+        found += [f"{path}: {key!r} is missing" for key in schema.get("required", []) if key not in value]
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                found += problems(item, props[key], f"{path}.{key}")
+            elif extra is False:
+                found.append(f"{path}: unexpected key {key!r}")
+            elif isinstance(extra, dict):
+                found += problems(item, extra, f"{path}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            found += problems(item, schema["items"], f"{path}[{index}]")
+    return found
+
+
+def _object(required: dict[str, Schema], optional: dict[str, Schema] | None = None, *, closed: bool = True) -> Schema:
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+        "additionalProperties": not closed,
+    }
+
+
+STRING: Schema = {"type": "string"}
+NUMBER: Schema = {"type": "number"}
+MAYBE_NUMBER: Schema = {"type": ["number", "null"]}
+MAYBE_STRING: Schema = {"type": ["string", "null"]}
+STRINGS: Schema = {"type": "array", "items": STRING}
+ANY_OBJECT: Schema = {"type": "object"}
+STATES = ["pending", "provisioning", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "hung"]
+STATE: Schema = {"type": "string", "enum": [*STATES, "?"]}
+
+COST: Schema = {
+    "type": ["object", "null"],
+    "required": ["usd", "chip_hours", "ready_seconds", "open", "preemptions", "price", "nodes"],
+    "properties": {"usd": NUMBER, "open": {"type": "boolean"}, "nodes": {"type": "array", "items": ANY_OBJECT}},
+}
+STARTUP: Schema = {
+    "type": "object",
+    "properties": {"missing": STRINGS},
+    "required": ["missing"],
+    "additionalProperties": MAYBE_NUMBER,
+}
+METRICS_LINE: Schema = {"type": ["object", "null"]}
+EXIT: Schema = _object(
+    {
+        "worker": {"type": "integer"},
+        "state": STATE,
+        "exit_code": {"type": "integer"},
+        "finished_at": NUMBER,
+        "started_at": MAYBE_NUMBER,
+        "error": MAYBE_STRING,
+        "tail": STRINGS,
+    }
+)
+
+VALIDATE: Schema = _object(
+    {
+        "ok": {"type": "boolean"},
+        "files": {
+            "type": "array",
+            "items": _object(
+                {
+                    "file": STRING,
+                    "ok": {"type": "boolean"},
+                    "job": MAYBE_STRING,
+                    "problems": STRINGS,
+                    "warnings": STRINGS,
+                }
+            ),
+        },
+    }
+)
+
+STATUS: Schema = _object(
+    {
+        "run_id": STRING,
+        "state": STATE,
+        "run_dir": STRING,
+        "backend": STRING,
+        "metrics": {"type": "array", "items": ANY_OBJECT},
+        "progress": {"type": ["object", "null"]},
+        "eta_s": MAYBE_NUMBER,
+        "last_metrics": METRICS_LINE,
+        "summary": {"type": ["object", "null"]},
+        "heartbeat": {"type": ["object", "null"]},
+        "exits": {"type": "array", "items": EXIT},
+        "artifacts": {"type": "object", "additionalProperties": STRING},
+        "cost": COST,
+        "startup": STARTUP,
+        "warnings": STRINGS,
+    }
+)
+
+LIST: Schema = _object(
+    {
+        "runs": {
+            "type": "array",
+            "items": _object(
+                {
+                    "run_id": STRING,
+                    "job": STRING,
+                    "backend": STRING,
+                    "state": STATE,
+                    "created_at": NUMBER,
+                    "run_dir": STRING,
+                    "test_accuracy": MAYBE_NUMBER,
+                    "last_metrics": METRICS_LINE,
+                    "cost": COST,
+                    "cost_cell": STRING,
+                }
+            ),
+        },
+        "warnings": STRINGS,
+    }
+)
+
+REPORT: Schema = _object(
+    {
+        "run_id": STRING,
+        "job": STRING,
+        "backend": STRING,
+        "state": STATE,
+        "reason": MAYBE_STRING,
+        "run_dir": STRING,
+        "created_at": NUMBER,
+        "finished_at": MAYBE_NUMBER,
+        "spec": ANY_OBJECT,
+        "spec_yaml": STRING,
+        "summary": {"type": ["object", "null"]},
+        "metrics": {"type": "array", "items": ANY_OBJECT},
+        "exits": {"type": "array", "items": EXIT},
+        "preemptions": {"type": "integer"},
+        "machines": {"type": "integer"},
+        "trainer_lines": STRINGS,
+        "cost": COST,
+        "startup": STARTUP,
+        "timeline": _object(
+            {
+                "origin": NUMBER,
+                "attempts": {"type": "integer"},
+                "phases": {"type": "array"},
+                "markers": {"type": "array"},
+            }
+        ),
+        "checkpoints": {"type": "array", "items": ANY_OBJECT},
+        "warnings": STRINGS,
+        "generated_at": NUMBER,
+        "charts": {"type": "array"},
+    }
+)
