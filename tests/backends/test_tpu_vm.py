@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runner.cli import app
+from runner.plan import catalog
 from runner.storage import open_storage
 from tests.cloudjobs import IMAGE, events, job, run_id_of, submit
 
@@ -249,3 +250,51 @@ def test_a_preemption_past_the_retry_limit_ends_the_run_failed(cloud, tmp_path: 
     status = CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False)
     assert json.loads(status.output)["state"] == "failed"
     assert not cloud.nodes()
+
+
+@pytest.mark.slow
+def test_a_jax_job_on_an_emulated_tpu_vm_and_its_report(cloud, tmp_path: Path, bucket_url: str, gcs_mnist: str) -> None:  # type: ignore[no-untyped-def]
+    """training.framework jax through the whole cloud path (the VM's container runs the JAX engine on the CPU: an
+    emulated VM has no TPU chips), then `runner report` of that run: the cost from the node's READY time at the
+    catalog's price, the startup breakdown, and the page in headless Chromium."""
+    from tests.browser import IMAGES_JS, INKED_JS, Browser, chromium_or_skip
+
+    chromium = chromium_or_skip()
+    spec = job(
+        tmp_path,
+        bucket_url,
+        f"""\
+        training: {{framework: jax, model: mnist_mlp, epochs: 2, batch_size: 128, max_train_examples: 1024,
+                   max_test_examples: 256, data: {gcs_mnist}}}
+        """,
+        name="jaxvm",
+    )
+    result = submit(str(spec))
+    assert result.exit_code == 0, result.output
+    run_id = run_id_of(result.output)
+    run_dir = f"{bucket_url}/runs/{run_id}"
+    assert "DataParallel" in result.output and f"TPU node {run_id} is gone" in result.output
+    summary = json.loads(open_storage(run_dir).read_bytes("summary.json") or b"{}")
+    assert summary["framework"] == "jax" and summary["train_examples"] == 1024
+    assert 0.6 <= summary["test_accuracy"] <= 1.0  # 2 epochs of 1024 examples reach 0.7-0.8
+    assert not cloud.nodes()
+
+    data = json.loads(CliRunner().invoke(app, ["report", run_id, "--json"], catch_exceptions=False).output)
+    cost = data["cost"]
+    assert cost is not None and cost["usd"] > 0 and cost["ready_seconds"] > 0
+    assert cost["chip_hours"] == pytest.approx(cost["price"]["chips"] * cost["ready_seconds"] / 3600, rel=0.01)
+    v2 = catalog.accelerator("v2-8")
+    assert cost["price"]["usd_per_hour"] == pytest.approx(v2.price_per_hour(spot=False), rel=1e-3)
+    assert cost["usd"] == pytest.approx(cost["chip_hours"] * cost["price"]["usd_per_chip_hour"], rel=0.01)
+    startup = data["startup"]
+    assert 0 < startup["ready_s"] <= startup["framework_imported_s"] <= startup["first_step_s"]
+    written = CliRunner().invoke(app, ["report", run_id], catch_exceptions=False)
+    assert written.exit_code == 0, written.output
+    page = next(Path(w) for w in written.output.split() if w.endswith("index.html") and not w.startswith("gs:"))
+    with Browser(chromium) as browser:
+        browser.open(page.as_uri())
+        images = {i["id"]: i for i in browser.evaluate(INKED_JS + IMAGES_JS)}
+        text = browser.evaluate("document.body.innerText")
+    assert images["chart-loss"]["points"] == {"loss": 2, "val_loss": 2}
+    assert all(i["decoded"] and i["inked"] > 0.02 for i in images.values()), images
+    assert "DataParallel" in text and "Cost" in text
