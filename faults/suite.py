@@ -62,16 +62,28 @@ def _rfc3339(text: str) -> float:
 
 
 def failed_deletes(endpoint: str, zones: tuple[str, ...]) -> list[tuple[float, str]]:
-    """(start time, node) of every delete operation that failed, from the TPU API's own operations list."""
-    out = []
+    """(start time, node) of every deletion that failed, from the TPU API's own operations list. A DELETE sent while
+    the node is already DELETING joins that deletion, and its operation fails with it: failed operations of one node
+    that ended within a second of each other are one failed deletion (its earliest start)."""
+    failed: list[tuple[str, float, float]] = []  # (node, end, start)
     for zone in zones:
         url = f"{endpoint}/v2/projects/{PROJECT}/locations/{zone}/operations?pageSize=1000"
         with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=10) as answer:
             for op in json.load(answer).get("operations", []):
                 meta = op.get("metadata") or {}
                 if meta.get("verb") == "delete" and op.get("error"):
-                    out.append((_rfc3339(meta["createTime"]), str(meta.get("target"))))
-    return out
+                    start = _rfc3339(meta["createTime"])
+                    end = _rfc3339(meta["endTime"]) if meta.get("endTime") else start
+                    failed.append((str(meta.get("target")), end, start))
+    out: list[tuple[float, str]] = []
+    last: tuple[str, float] | None = None
+    for node, end, start in sorted(failed):
+        if last is not None and last[0] == node and end - last[1] < 1.0:
+            out[-1] = (min(out[-1][0], start), node)
+        else:
+            out.append((start, node))
+        last = (node, end)
+    return sorted(out)
 
 
 class Suite:
