@@ -66,6 +66,15 @@ def test_workers_is_a_usage_error_off_the_local_backend_or_below_one(
     assert message in result.output
 
 
+def test_checkpoints_by_wall_clock_are_refused_for_several_workers(tmp_path: Path, runner_home: Path) -> None:
+    job = training_job(tmp_path, "tensorflow")
+    result = CliRunner().invoke(
+        app, ["submit", str(job), "--local", "--workers", "2", "--set", "training.checkpoint_every=5m"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "every worker must save at the same step" in result.output
+
+
 def command_job(tmp_path: Path, script: str) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(
