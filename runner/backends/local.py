@@ -2,12 +2,23 @@
 
 The "machine" is the container (or the entrypoint process); provisioning starts it, teardown stops it. The TPU
 strategy resolution inside falls back to GPU or CPU, so the same job runs unchanged.
+
+With `--workers N` (the multi-worker rehearsal) it starts N entrypoint processes, one per "host" of a pod slice:
+each with its RUNNER_WORKER_ID, writing its own logs/worker-N.log, heartbeat and exit record into the one run
+directory, so the runner's pod-slice logic (per-worker verdicts, prefixed logs) applies unchanged. Each also gets
+the addresses of the others, picked free on 127.0.0.1 at launch: TF_CONFIG for TensorFlow's
+MultiWorkerMirroredStrategy (tensorflow.org/tutorials/distribute/multi_worker_with_keras) and
+KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID for keras.distribution.initialize(), which
+connects the JAX processes (jax.distributed; on the CPU over gloo, JAX's default CPU collectives).
 """
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +38,11 @@ class LocalHandle:
     start_ticks: int | None
     container_name: str
     output: str  # the supervisor's own stdout/stderr (before and around the job's log)
+    others: list[list[int]] = field(default_factory=list)  # [pid, start ticks] of workers 1..N-1 (--workers N)
+
+    def processes(self) -> list[tuple[int, int | None]]:
+        """(pid, start ticks) of every worker's process, worker 0's first; each leads its own process group."""
+        return [(self.pid, self.start_ticks), *((pid, ticks or None) for pid, ticks in self.others)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,7 +66,8 @@ class LocalBackend(Backend[LocalHandle]):
                 name=f"runner-{plan.run_id}",
                 data_dir=data_dir,
                 storage_root=Path(plan.storage_url) if plan.storage_is_local else None,
-                prefer=self.prefer,
+                # Several workers talk over 127.0.0.1 and share the run directory: processes, not containers.
+                prefer="process" if plan.num_workers > 1 else self.prefer,
             )
         return self._launches[plan.run_id]
 
@@ -64,16 +81,30 @@ class LocalBackend(Backend[LocalHandle]):
         return "Job environment\n" + "\n".join(f"{k:<{width}}  {v}" for k, v in sorted(plan.env.items()))
 
     def provision(self, plan: Plan, on_handle: Callable[[LocalHandle], None]) -> LocalHandle:
-        """Start the container or process. Starting is one system call with nothing to leak before it, so the
-        handle is reported right after it."""
+        """Start the container or process (one per worker with --workers). Starting is one system call with nothing
+        to leak before it, so the handle is reported right after it (after the last one, for several workers: a
+        failed start stops the ones before it)."""
         launch = self.launch_for(plan)
         output = runner_home() / "runs" / f"{plan.run_id}.out"
+        envs = worker_envs(plan.num_workers)
+        started: list[Any] = []
         try:
-            proc = container.start(launch, output)
+            for worker, extra in enumerate(envs):
+                each = replace(launch, env={**launch.env, **extra}) if extra else launch
+                out = output if worker == 0 else output.with_name(f"{plan.run_id}-worker-{worker}.out")
+                started.append(container.start(each, out))
         except OSError as exc:
+            for proc in started:
+                container.stop_group(proc.pid, 5.0)
+                proc.wait()
             raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc
-        self.procs[proc.pid] = proc
-        handle = LocalHandle(launch.mode, proc.pid, proc.pid, container.start_ticks(proc.pid), launch.name, str(output))
+        for proc in started:
+            self.procs[proc.pid] = proc
+        first = started[0]
+        others = [[proc.pid, container.start_ticks(proc.pid) or 0] for proc in started[1:]]
+        handle = LocalHandle(
+            launch.mode, first.pid, first.pid, container.start_ticks(first.pid), launch.name, str(output), others
+        )
         on_handle(handle)
         return handle
 
@@ -83,19 +114,55 @@ class LocalBackend(Backend[LocalHandle]):
     def handle_from_dict(self, data: dict[str, Any]) -> LocalHandle:
         return handle_from(LocalHandle, data)
 
+    def _alive(self, pid: int, ticks: int | None) -> bool:
+        proc = self.procs.get(pid)
+        return proc.poll() is None if proc is not None else container.process_alive(pid, ticks)
+
     def status(self, handle: LocalHandle) -> MachineState:
-        proc = self.procs.get(handle.pid)
-        if proc is not None:
-            return MachineState.RUNNING if proc.poll() is None else MachineState.GONE
-        return MachineState.RUNNING if container.process_alive(handle.pid, handle.start_ticks) else MachineState.GONE
+        """RUNNING while any worker's process runs (the run directory says how each worker ended)."""
+        alive = any(self._alive(pid, ticks) for pid, ticks in handle.processes())
+        return MachineState.RUNNING if alive else MachineState.GONE
 
     def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Stop the container or process group (SIGTERM, SIGKILL after grace_s) and reap it."""
+        """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them."""
         if handle.mode == "docker":
             container.stop_container(handle.container_name, grace_s)
-        if container.process_alive(handle.pid, handle.start_ticks) or container.group_alive(handle.pgid):
-            container.stop_group(handle.pgid, grace_s)
-        proc = self.procs.pop(handle.pid, None)
-        if proc is not None:
-            proc.wait()  # reap it: a stopped run leaves not even a zombie
+        for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
+            if container.process_alive(pid, ticks) or container.group_alive(pid):
+                container.stop_group(pid, grace_s)
+            proc = self.procs.pop(pid, None)
+            if proc is not None:
+                proc.wait()  # reap it: a stopped run leaves not even a zombie
         return True
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free on `host` now: each bound to port 0 (the kernel picks), all held open until the
+    last is picked so none repeats, then released for the workers to bind a moment later."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def worker_envs(workers: int) -> list[dict[str, str]]:
+    """What each of `workers` local processes adds to the job's environment: nothing for one; for several, its
+    worker id and the cluster's addresses (TF_CONFIG, and keras.distribution's for JAX), worker 0 the chief and the
+    JAX coordinator."""
+    if workers <= 1:
+        return [{}]
+    ports = free_ports(workers + 1)
+    tf_hosts = [f"127.0.0.1:{port}" for port in ports[:workers]]
+    coordinator = f"127.0.0.1:{ports[workers]}"
+    return [
+        {
+            contract.WORKER_ID: str(worker),
+            contract.NUM_WORKERS: str(workers),
+            "TF_CONFIG": json.dumps({"cluster": {"worker": tf_hosts}, "task": {"type": "worker", "index": worker}}),
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(workers),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(worker),
+        }
+        for worker in range(workers)
+    ]

@@ -46,12 +46,27 @@ def submit(
             "that could cost more is refused, a default one is cut to what the budget buys.",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="With --local: run N worker processes on this machine, as the hosts of a pod slice (the "
+            "multi-worker rehearsal: TensorFlow's MultiWorkerMirroredStrategy or jax.distributed, on the CPU).",
+        ),
+    ] = 1,
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
-    from runner.errors import PlanError
+    from runner.errors import PlanError, UsageError
     from runner.spec.loader import load_spec
     from runner.timings import Timings
+
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: give 1 or more")
+    if workers > 1 and not local:
+        raise UsageError(
+            "--workers is for --local runs: on a TPU VM the accelerator type decides the workers (a v4-32 has 4)"
+        )
 
     timings = Timings.from_env()
     # --budget is an override like any --set: validated (and located) like the file's own `budget:`.
@@ -68,7 +83,7 @@ def submit(
         from runner.backends.local import LocalBackend
         from runner.plan.planner import plan_local
 
-        plan = plan_local(spec, str(spec_path), storage=storage)
+        plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
         backend = LocalBackend(prefer="process" if process else None)
     else:
         from runner.backends.tpu_vm import TpuVmBackend

@@ -154,17 +154,34 @@ def job_env(
     return env
 
 
-def plan_local(spec: JobSpec, spec_path: str | None, *, storage: str | None = None, strategy: str = "auto") -> Plan:
-    """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU."""
+def plan_local(
+    spec: JobSpec, spec_path: str | None, *, storage: str | None = None, strategy: str = "auto", workers: int = 1
+) -> Plan:
+    """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
+    the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
+    backend gives each its worker id and the addresses of the others)."""
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: give 1 or more")
     now = time.time()
     run_id = new_run_id(spec.name, now)
     storage_url = resolve_storage(spec, storage, cloud=False)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     deadline = now + spec.teardown.max_runtime
-    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline)
+    if workers > 1 and spec.training is not None and spec.training.checkpoint_seconds is not None:
+        # Saving is collective: every worker must save at the same step, which each worker's own clock cannot promise.
+        raise PlanError(
+            f"training.checkpoint_every: {spec.training.checkpoint_every} goes by each worker's clock, and with "
+            f"--workers {workers} every worker must save at the same step",
+            hint="give checkpoint_every in epochs (an integer) for a multi-worker run",
+        )
+    if workers > 1:
+        strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
-    return Plan(spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline, limit=limit)
+    return Plan(
+        spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline, num_workers=workers, limit=limit
+    )
 
 
 def check_image_for_cloud(image: str) -> None:

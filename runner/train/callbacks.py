@@ -258,8 +258,8 @@ class Checkpointer(_Callback):
     stop signal arrives: at the next step end mid-epoch, exactly there, then TrainingInterrupted; during an
     epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it.
 
-    With `saves` False (a JAX process other than process 0 of a multi-host run, where process 0 alone writes the
-    run directory) it never saves, and stops where process 0 does."""
+    With `saves` False it never saves, and stops where the others do. The trainer's own workers all save (saving is
+    collective on both engines): those other than the chief to a scratch store (checkpoints.scratch_dir)."""
 
     def __init__(
         self,
@@ -304,7 +304,7 @@ class Checkpointer(_Callback):
         where = describe(self.cursor.position, self.cursor.steps)
         signame = self.stop.name
         if not self.saves:
-            print(f"[trainer] {signame}: stopped at {where}; process 0 saves the checkpoint", flush=True)
+            print(f"[trainer] {signame}: stopped at {where}; not saved here", flush=True)
         elif self._saved_here():
             assert self.newest is not None
             print(

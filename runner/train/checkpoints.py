@@ -19,10 +19,13 @@ No TensorFlow import here: the trainer reads the manifest before it chooses whic
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -480,3 +483,13 @@ class CheckpointPolicy:
         if self.every_epochs is not None:
             return epochs_done % self.every_epochs == 0
         return self.due_mid_epoch()
+
+
+def scratch_dir() -> Path:
+    """Where a non-chief worker saves its checkpoints. Saving is collective (under MultiWorkerMirroredStrategy; on
+    JAX, model.save checks each array is the same on every process), so every worker saves at the same points, all
+    but the chief to a temporary directory that is deleted on exit
+    (tensorflow.org/tutorials/distribute/multi_worker_with_keras, "Model saving and loading")."""
+    path = Path(tempfile.mkdtemp(prefix="runner-worker-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path

@@ -167,6 +167,10 @@ def resolve_distribution(
     if workers > 1 and jax.process_count() != workers:
         raise StrategyError(f"{contract.NUM_WORKERS}={workers}, but JAX found {jax.process_count()} processes")
     distribution = keras.distribution.DataParallel(devices=devices)
+    if jax.process_count() > 1:
+        # Each process feeds its own share of every global batch (npdata), not the whole batch for Keras to shard
+        # (which Keras does only for a tf.data.Dataset).
+        distribution.auto_shard_dataset = False
     if set_global:
         keras.distribution.set_distribution(distribution)
     return ResolvedDistribution(

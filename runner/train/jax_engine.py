@@ -29,7 +29,7 @@ from typing import Any
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train import jaxperf, npdata
-from runner.train.checkpoints import CheckpointStore, DataOrder, ResumeChooser
+from runner.train.checkpoints import CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore
 
@@ -138,8 +138,10 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, milestones: Milestones 
         model.jit_compile = True
         model.steps_per_execution = plan.steps_per_execution
     epochs_done, step, global_step = trainer.position(resumed, model, steps, order)
-    store = CheckpointStore(ctx.checkpoint_dir, cfg.checkpoint_keep)
-    store.history = chooser.history_for(resumed)
+    # Saving reads every process's arrays (a collective): the other processes save too, to a scratch directory.
+    chief = resolved.is_chief
+    store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
+    store.history = chooser.history_for(resumed) if chief else []
     from runner.train.callbacks import Cursor
 
     return trainer.Prepared(
@@ -166,5 +168,5 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, milestones: Milestones 
         t_start=t_start,
         framework="jax",
         versions={"jax": jax.__version__, "keras": f"keras {keras.__version__}"},
-        chief=resolved.is_chief,
+        chief=chief,
     )

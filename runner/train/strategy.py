@@ -2,6 +2,10 @@
 
     TPU (TPUClusterResolver -> TPUStrategy)  ->  several GPUs (MirroredStrategy)  ->  the default strategy
 
+Several workers without a TPU ($RUNNER_NUM_WORKERS > 1 and a TF_CONFIG: `runner submit --local --workers N`, the
+multi-worker rehearsal) take MultiWorkerMirroredStrategy instead: one replica per worker on its CPU (or GPU), the
+gradients all-reduced between the processes (tensorflow.org/tutorials/distribute/multi_worker_with_keras).
+
 On a single-host TPU VM the resolver is given the literal tpu="local" (the env var TPU_NAME=local is not special-
 cased by TensorFlow); on a multi-host pod slice, the node name. TensorFlow is imported inside the functions so
 that importing this module (and `runner.train`) stays cheap for user code and for the control plane.
@@ -35,7 +39,11 @@ class ResolvedStrategy:
     @property
     def name(self) -> str:
         name = type(self.strategy).__name__
-        return "DefaultStrategy" if name == "_DefaultDistributionStrategy" else name
+        aliases = {
+            "_DefaultDistributionStrategy": "DefaultStrategy",
+            "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",  # its class's name
+        }
+        return aliases.get(name, name)
 
     def describe(self) -> str:
         text = f"{self.name} on {self.kind.upper()}, {self.replicas} replica{'s' if self.replicas != 1 else ''}"
@@ -74,6 +82,33 @@ def _connect_tpu(tf: Any, name: str) -> ResolvedStrategy:
     return ResolvedStrategy(strategy, "tpu", strategy.num_replicas_in_sync, devices, f"tpu={name!r}")
 
 
+def multi_worker() -> bool:
+    """Several workers that TF_CONFIG connects (the local rehearsal); a pod slice's TensorFlow runs on worker 0."""
+    return int(os.environ.get(contract.NUM_WORKERS) or 1) > 1 and bool(os.environ.get("TF_CONFIG"))
+
+
+def _multi_worker(tf: Any, kind: str, note: str) -> ResolvedStrategy:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster. It must be created before any other TensorFlow op runs
+    (the guide's rule); the CPU's collectives are the ring's."""
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    devices = [d.name for d in tf.config.list_logical_devices(kind.upper())]
+    resolver = strategy.cluster_resolver
+    text = f"worker {resolver.task_id} of {len(resolver.cluster_spec().as_dict().get('worker', []))}"
+    return ResolvedStrategy(strategy, kind, strategy.num_replicas_in_sync, devices, f"{text}; {note}" if note else text)
+
+
+def is_chief(resolved: ResolvedStrategy) -> bool:
+    """Whether this process writes the run directory: always, except a worker other than TF_CONFIG's worker 0 (the
+    chief: no 'chief' task is configured) under MultiWorkerMirroredStrategy."""
+    resolver = getattr(resolved.strategy, "cluster_resolver", None)
+    if resolver is None or not multi_worker() or resolver.task_type != "worker":
+        return True
+    return int(resolver.task_id or 0) == 0
+
+
 def resolve_strategy(hint: str | None = None, tpu: str | None = None) -> ResolvedStrategy:
     """The best strategy available here. `hint` (default $RUNNER_STRATEGY or "auto") is auto, tpu, gpu or cpu;
     an explicit tpu or gpu that is not available raises StrategyError instead of silently training on CPU."""
@@ -98,6 +133,8 @@ def resolve_strategy(hint: str | None = None, tpu: str | None = None) -> Resolve
     gpus = tf.config.list_physical_devices("GPU") if hint != "cpu" else []
     if hint == "gpu" and not gpus:
         raise StrategyError("RUNNER_STRATEGY=gpu, but TensorFlow sees no GPU")
+    if multi_worker():
+        return _multi_worker(tf, "gpu" if gpus else "cpu", note)
     if len(gpus) > 1:
         strategy = tf.distribute.MirroredStrategy()
         devices = [d.name for d in tf.config.list_logical_devices("GPU")]

@@ -29,10 +29,10 @@ from typing import Any
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train import perf
-from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser
+from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore
-from runner.train.strategy import tpu_present
+from runner.train.strategy import multi_worker, tpu_present
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
@@ -52,9 +52,14 @@ def select_keras(choice: str, checkpoint_keras: str | None) -> str:
         elif "TF_USE_LEGACY_KERAS" in os.environ:
             impl = "tf_keras" if os.environ["TF_USE_LEGACY_KERAS"].lower() in ("1", "true") else "keras3"
         else:
-            impl = "tf_keras" if tpu_present() else "keras3"
+            impl = "tf_keras" if tpu_present() or multi_worker() else "keras3"
     else:
         impl = choice
+    if impl == "keras3" and multi_worker():
+        raise TrainerError(
+            "Keras 3 cannot train under MultiWorkerMirroredStrategy (keras 3.15: fit fails converting the "
+            "distributed batches, PerReplica values); set training.keras to tf_keras or auto"
+        )
     if checkpoint_keras and impl != checkpoint_keras:
         raise TrainerError(
             f"the checkpoint to resume from was written by {checkpoint_keras}, which {impl} cannot "
@@ -107,7 +112,7 @@ class Prepared:
     t_start: float
     framework: str = "tensorflow"
     versions: dict[str, str] = field(default_factory=dict)  # summary.json's "versions"
-    chief: bool = True  # writes the run directory (False: a JAX process other than 0 of a multi-host slice)
+    chief: bool = True  # writes the run directory (False: a process other than 0 of a multi-worker run)
 
 
 def position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder) -> tuple[int, int, int]:
@@ -163,7 +168,7 @@ def prepare(
     from runner.train.callbacks import Cursor
     from runner.train.data import TrainData, eval_dataset, find_mnist, limit
     from runner.train.models import build_model, make_optimizer
-    from runner.train.strategy import resolve_strategy
+    from runner.train.strategy import is_chief, resolve_strategy
 
     keras = tf.keras
     resolved = resolve_strategy(ctx.strategy_hint, ctx.tpu_name)
@@ -224,8 +229,9 @@ def prepare(
                 **xla,
             )
     epochs_done, step, global_step = position(resumed, model, steps, order)
-    store = CheckpointStore(ctx.checkpoint_dir, cfg.checkpoint_keep)
-    store.history = chooser.history_for(resumed)
+    chief = is_chief(resolved)
+    store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
+    store.history = chooser.history_for(resumed) if chief else []
     return Prepared(
         cfg=cfg,
         ctx=ctx,
@@ -249,6 +255,7 @@ def prepare(
         cursor=Cursor(steps, cfg.epochs, (epochs_done, step), global_step),
         t_start=t_start,
         versions={"tensorflow": tf.__version__, "keras": keras_version()},
+        chief=chief,
     )
 
 
@@ -256,7 +263,8 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
     """The contract's callbacks (position, metrics, progress, TensorBoard, checkpoints) and the StopSignal, which
     notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress (tests inject it).
     A process that does not write the run directory (not run.chief) keeps the position, prints progress and stops
-    on a signal where the others do, and writes nothing."""
+    on a signal where the others do, and saves its checkpoints where the chief does, but to a scratch directory
+    (its run.store: checkpoints.scratch_dir)."""
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
 
@@ -273,7 +281,6 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
         run.data_order,
         run.resumed.checkpoint if run.resumed else None,
         framework=run.framework,
-        saves=run.chief,
     )
     checkpointer.set_model(run.model)  # a stop between two fits saves before any fit has set it
     if not run.chief:

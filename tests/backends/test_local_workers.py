@@ -1,0 +1,229 @@
+"""The multi-worker rehearsal: `runner submit --local --workers N` runs N worker processes on this machine through the
+run-directory contract, as the hosts of a pod slice (TensorFlow's MultiWorkerMirroredStrategy, jax.distributed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from runner import contract
+from runner.backends import container
+from runner.backends.local import LocalHandle, free_ports, worker_envs
+from runner.cli import app
+from runner.watch.runs import RunRecord
+
+RUNNER = [sys.executable, "-m", "runner.cli"]
+
+
+def test_one_worker_adds_nothing_to_the_environment() -> None:
+    assert worker_envs(1) == [{}]
+
+
+def test_each_worker_gets_its_id_and_the_same_cluster() -> None:
+    envs = worker_envs(3)
+    assert [e[contract.WORKER_ID] for e in envs] == ["0", "1", "2"]
+    configs = [json.loads(e["TF_CONFIG"]) for e in envs]
+    hosts = configs[0]["cluster"]["worker"]
+    assert len(set(hosts)) == 3 and all(c["cluster"]["worker"] == hosts for c in configs)
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    coordinator = {e["KERAS_DISTRIBUTION_JOB_ADDRESSES"] for e in envs}
+    assert len(coordinator) == 1 and coordinator.pop() not in hosts
+    assert [e["KERAS_DISTRIBUTION_PROCESS_ID"] for e in envs] == ["0", "1", "2"]
+    assert {e["KERAS_DISTRIBUTION_NUM_PROCESSES"] for e in envs} == {"3"}
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(16)
+    assert len(set(ports)) == 16 and all(p > 0 for p in ports)
+
+
+def test_an_old_handle_without_other_workers_still_reads() -> None:
+    handle = LocalHandle("process", 10, 10, None, "runner-x", "/tmp/x.out")
+    assert handle.processes() == [(10, None)]
+    again = LocalHandle(**json.loads(json.dumps(handle.to_dict() | {"others": [[11, 5]]})))
+    assert again.processes() == [(10, None), (11, 5)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--workers", "2"], "--workers is for --local"), (["--local", "--workers", "0"], "give 1 or more")],
+)
+def test_workers_is_a_usage_error_off_the_local_backend_or_below_one(
+    tmp_path: Path, runner_home: Path, args: list[str], message: str
+) -> None:
+    job = command_job(tmp_path, "print('hi')")
+    result = CliRunner().invoke(app, ["submit", str(job), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_checkpoints_by_wall_clock_are_refused_for_several_workers(tmp_path: Path, runner_home: Path) -> None:
+    job = training_job(tmp_path, "tensorflow")
+    result = CliRunner().invoke(
+        app, ["submit", str(job), "--local", "--workers", "2", "--set", "training.checkpoint_every=5m"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "every worker must save at the same step" in result.output
+
+
+def command_job(tmp_path: Path, script: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: cmd
+        image: trainer:test
+        command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
+        storage: {tmp_path / "store"}
+        """)
+    )
+    return path
+
+
+def training_job(tmp_path: Path, framework: str, epochs: int = 3, train: int = 12000) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: mw
+        image: trainer:test
+        training:
+          framework: {framework}
+          model: mnist_mlp
+          epochs: {epochs}
+          batch_size: 256
+          learning_rate: 0.003
+          max_train_examples: {train}
+          max_test_examples: 2000
+          checkpoint_every: 1
+          checkpoint_keep: 5
+        storage: {tmp_path / "store"}
+        """)
+    )
+    return path
+
+
+def records(home: Path) -> list[RunRecord]:
+    paths = sorted((home / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return [RunRecord.model_validate_json(p.read_text()) for p in paths]
+
+
+def submit(job: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RUNNER, "submit", str(job), "--local", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def summary_of(run_dir: str) -> dict[str, object]:
+    summary: dict[str, object] = json.loads((Path(run_dir) / contract.SUMMARY).read_text())
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])
+def test_two_workers_train_to_the_same_accuracy_as_one(
+    tmp_path: Path, runner_home: Path, mnist_npz: Path, framework: str
+) -> None:
+    job = training_job(tmp_path, framework)
+    one = submit(job, "--set", "training.keras=tf_keras" if framework == "tensorflow" else "training.keras=auto")
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = submit(job, "--workers", "2")
+    assert two.returncode == 0, two.stdout + two.stderr
+    first, second = records(runner_home)
+    assert (first.num_workers, second.num_workers) == (1, 2)
+    alone, pair = summary_of(first.run_dir), summary_of(second.run_dir)
+    assert pair["strategy"]["replicas"] == 2  # type: ignore[index]
+    assert float(alone["test_accuracy"]) > 0.85  # type: ignore[arg-type]
+    assert abs(float(pair["test_accuracy"]) - float(alone["test_accuracy"])) < 0.02  # type: ignore[arg-type]
+    run_dir = Path(second.run_dir)
+    for worker in (0, 1):
+        assert "[trainer] done: test accuracy" in (run_dir / contract.log_key(worker)).read_text()
+        assert json.loads((run_dir / contract.exit_key(worker)).read_text())["state"] == "succeeded"
+        assert json.loads((run_dir / contract.heartbeat_key(worker)).read_text())["worker"] == worker
+    # The chief alone wrote the run directory: one row per epoch, one checkpoint per epoch.
+    assert len((run_dir / contract.METRICS).read_text().splitlines()) == 3
+    names = sorted(p.name for p in (run_dir / contract.CHECKPOINTS).glob("ckpt-*.keras"))
+    assert names == ["ckpt-000001.keras", "ckpt-000002.keras", "ckpt-000003.keras"]
+    assert "[worker 1]" in two.stdout  # every worker's log, prefixed
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def started(home: Path, worker: int, text: str) -> bool:
+    found = (home / "runs").is_dir() and records(home)
+    return bool(found) and text in _log(Path(records(home)[-1].run_dir), worker)
+
+
+def _log(run_dir: Path, worker: int) -> str:
+    path = run_dir / contract.log_key(worker)
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_fails_the_run_naming_its_worker_and_stops_the_other(
+    tmp_path: Path, runner_home: Path, mnist_npz: Path
+) -> None:
+    job = training_job(tmp_path, "tensorflow", epochs=30, train=60000)
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", str(job), "--local", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    wait_for(lambda: started(runner_home, 1, "Epoch 1/30"), what="worker 1's first epoch")
+    record = records(runner_home)[-1]
+    (supervisor_1, _ticks), *_ = record.handle["others"]
+    (trainer_1,) = children(supervisor_1)
+    os.kill(trainer_1, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=90)
+    text = out.decode()
+    assert proc.returncode != 0, text
+    assert "worker 1 failed first (exit code 137)" in text
+    final = records(runner_home)[-1]
+    assert final.state == "failed"
+    assert not container.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
+    run_dir = Path(final.run_dir)
+    assert json.loads((run_dir / contract.exit_key(1)).read_text())["exit_code"] == 137  # 128 + SIGKILL
+    assert json.loads((run_dir / contract.exit_key(0)).read_text())["state"] in ("cancelled", "failed")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_whole_is_lost_and_ends_the_run(
+    tmp_path: Path, runner_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL to a worker's supervisor (a host gone): no exit record; its heartbeat stops, and the run ends."""
+    # Heartbeats come every 10 s: a worker is lost once its heartbeat stood still for 15.
+    monkeypatch.setenv("RUNNER_TIMINGS", "worker_stale_s=15,machine_status_every_s=0.5")
+    job = command_job(tmp_path, "import time; print('started', flush=True); time.sleep(120)")
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", str(job), "--local", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    wait_for(lambda: started(runner_home, 1, "started"), what="worker 1's job")
+    record = records(runner_home)[-1]
+    (supervisor_1, _ticks), *_ = record.handle["others"]
+    os.kill(supervisor_1, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode()
+    assert proc.returncode != 0, text
+    assert "worker 1's heartbeat stopped" in text
+    assert not container.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
+    assert not container.group_alive(supervisor_1)
+    assert not (Path(record.run_dir) / contract.exit_key(1)).exists()
