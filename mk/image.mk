@@ -22,7 +22,7 @@ SETUP_ARGS ?=
 VARIANT_ARGS = $(if $(SPEC),--spec $(SPEC) --device $(DEVICE),--variant $(VARIANT))
 IMAGE_ARGS = $(VARIANT_ARGS) $(if $(PROJECT),--project $(PROJECT)) --region $(REGION) --repo $(REPO)
 GCP_SETUP_ARGS = --project $(PROJECT) --region $(REGION) --bucket $(BUCKET) --repo $(REPO) $(SETUP_ARGS)
-PRUNE := \( -path ./.venv -o -path ./.git -o -path ./runs -o -path ./node_modules \) -prune
+PRUNE := \( -path ./.venv -o -path ./.git -o -path ./runs -o -path ./node_modules -o -path ./build -o -path ./dist \) -prune
 DOCKERFILES = $(shell find . $(PRUNE) -o -type f \( -name Dockerfile -o -name 'Dockerfile.*' -o -name '*.Dockerfile' \) ! -name '*.dockerignore' -print)
 SHELL_SCRIPTS = $(shell find . $(PRUNE) -o -type f -name '*.sh' -print)
 
