@@ -16,22 +16,10 @@ import pytest
 from runner import contract
 from runner.backends import container
 from runner.watch.runs import RunRecord
+from tests.cli.test_cli import command_job
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 LONG_JOB = "import time; print('started', flush=True); time.sleep(120)"
-
-
-def job_file(tmp_path: Path, script: str) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        name: sig
-        image: trainer:test
-        command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
-        storage: {tmp_path / "store"}
-        """)
-    )
-    return path
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
@@ -58,7 +46,7 @@ def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
     tmp_path: Path, runner_home: Path, signum: int
 ) -> None:
     proc = subprocess.Popen(
-        [*RUNNER, "submit", str(job_file(tmp_path, LONG_JOB)), "--local"],
+        [*RUNNER, "submit", str(command_job(tmp_path, LONG_JOB)), "--local"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -93,7 +81,7 @@ def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
 def test_runner_killed_the_job_lives_on_and_status_logs_follow_it(tmp_path: Path, runner_home: Path) -> None:
     script = "import time\nfor i in range(6):\n    print('tick', i, flush=True); time.sleep(0.5)\n"
     proc = subprocess.Popen(
-        [*RUNNER, "submit", str(job_file(tmp_path, script)), "--local"],
+        [*RUNNER, "submit", str(command_job(tmp_path, script)), "--local"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -116,7 +104,7 @@ def test_runner_killed_the_job_lives_on_and_status_logs_follow_it(tmp_path: Path
 def test_detach_returns_at_once(tmp_path: Path, runner_home: Path) -> None:
     t0 = time.monotonic()
     out = subprocess.run(
-        [*RUNNER, "submit", str(job_file(tmp_path, LONG_JOB)), "--local", "--detach"],
+        [*RUNNER, "submit", str(command_job(tmp_path, LONG_JOB)), "--local", "--detach"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,6 +20,7 @@ from runner.backends import container
 from runner.backends.local import LocalHandle, free_ports, worker_envs
 from runner.cli import app
 from runner.watch.runs import RunRecord
+from tests.cli.test_cli import command_job
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 
@@ -73,19 +74,6 @@ def test_checkpoints_by_wall_clock_are_refused_for_several_workers(tmp_path: Pat
     )
     assert result.exit_code == 2, result.output
     assert "every worker must save at the same step" in result.output
-
-
-def command_job(tmp_path: Path, script: str) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        name: cmd
-        image: trainer:test
-        command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}]
-        storage: {tmp_path / "store"}
-        """)
-    )
-    return path
 
 
 def training_job(tmp_path: Path, framework: str, epochs: int = 3, train: int = 12000) -> Path:

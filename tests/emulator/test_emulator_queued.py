@@ -6,7 +6,6 @@ multislice node specs and deletion with force.
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -16,31 +15,16 @@ from typing import Any
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.api_core.future import polling
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
+from tests.emulator.api import FAST, OP_NAME, PARENT, PROJECT, RUNTIME, ZONE, quick_api_emulator, tpu_client
 from tpu_emulator import TpuEmulator
-
-PROJECT = "rehearsal"
-ZONE = "us-central2-b"  # v4, single and multi host
-PARENT = f"projects/{PROJECT}/locations/{ZONE}"
-RUNTIME = "tpu-ubuntu2204-base"
-FAST = polling.DEFAULT_POLLING.with_delay(initial=0.05, maximum=0.2, multiplier=1.5).with_timeout(30)
-OP_NAME = re.compile(r"^projects/[^/]+/locations/[^/]+/operations/[^/]+$")
 
 
 @pytest.fixture
 def tpu_emulator(tmp_path: Path) -> Iterator[TpuEmulator]:
-    """conftest's emulator, with creates and deletes short enough to keep the module fast."""
-    with TpuEmulator(workdir=tmp_path / "emu", create_delay_s=0.2, delete_delay_s=0.1, vm_grace_s=0.5) as emulator:
+    with quick_api_emulator(tmp_path) as emulator:
         yield emulator
-
-
-def tpu_client(emulator: TpuEmulator) -> tpu_v2.TpuClient:
-    return tpu_v2.TpuClient(
-        transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator.endpoint}
-    )
 
 
 @pytest.fixture

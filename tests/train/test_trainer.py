@@ -20,9 +20,13 @@ import pytest
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
+from runner.train.perf import CPU_FLAGS_ENV
 from tests.train.test_checkpoints import weights_offset
 
 pytestmark = pytest.mark.slow
+
+
+NO_NATIVE_BF16 = "-avx512_bf16,-amx_bf16,-bf16"
 
 
 def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, str]:
@@ -36,6 +40,9 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
             contract.RUN_ID: "t",
             contract.TRAINING: cfg.model_dump_json(),
             contract.DATA_DIR: str(mnist_npz.parent),
+            # The same choices on every CPU: as one without native bfloat16, so no start-up calibration picks a
+            # precision from this machine's timings (tests/bench and the perf tests cover both paths).
+            CPU_FLAGS_ENV: NO_NATIVE_BF16,
         }
     )
     return env
