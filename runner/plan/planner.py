@@ -167,13 +167,6 @@ def plan_local(
     storage_url = resolve_storage(spec, storage, cloud=False)
     run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     deadline = now + spec.teardown.max_runtime
-    if workers > 1 and spec.training is not None and spec.training.checkpoint_seconds is not None:
-        # Saving is collective: every worker must save at the same step, which each worker's own clock cannot promise.
-        raise PlanError(
-            f"training.checkpoint_every: {spec.training.checkpoint_every} goes by each worker's clock, and with "
-            f"--workers {workers} every worker must save at the same step",
-            hint="give checkpoint_every in epochs (an integer) for a multi-worker run",
-        )
     if workers > 1:
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
     env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.storage.local import write_atomic
+from runner.train.agreement import Agreement
 from runner.train.checkpoints import (
     Checkpoint,
     CheckpointPolicy,
@@ -102,6 +103,16 @@ class StopSignal:
             print(f"[trainer] {self.name}: saving a checkpoint at the next step end", file=sys.stderr, flush=True)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the save
+
+    def adopt(self, signum: int) -> None:
+        """Another process of the run got `signum` (runner.train.agreement): stop with it, as if it came here."""
+        if self.signum is None:
+            self.signum = signum
+            print(
+                f"[trainer] another worker got {self.name}: stopping with it, saving a checkpoint here",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def name(self) -> str:
@@ -259,7 +270,8 @@ class Checkpointer(_Callback):
     epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it.
 
     With `saves` False it never saves, and stops where the others do. The trainer's own workers all save (saving is
-    collective on both engines): those other than the chief to a scratch store (checkpoints.scratch_dir)."""
+    collective on both engines): those other than the chief to a scratch store (checkpoints.scratch_dir). With an
+    `agreement` (several processes), stop and save are decided at its points, alike on every process."""
 
     def __init__(
         self,
@@ -272,10 +284,13 @@ class Checkpointer(_Callback):
         saved_at: Checkpoint | None = None,
         framework: str = "tensorflow",
         saves: bool = True,
+        agreement: Agreement | None = None,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
         self.keras_impl, self.data, self.framework, self.saves = keras_impl, data, framework, saves
+        self.agreement = agreement
+        self.stopped = False  # stop_here ran: the stop was decided (agreed, with several processes)
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
     def save(self) -> Checkpoint:
@@ -301,6 +316,7 @@ class Checkpointer(_Callback):
 
     def stop_here(self) -> None:
         """Make sure a checkpoint holds the current position, and say where the job stopped."""
+        self.stopped = True
         where = describe(self.cursor.position, self.cursor.steps)
         signame = self.stop.name
         if not self.saves:
@@ -318,20 +334,34 @@ class Checkpointer(_Callback):
             entry = self.save()
             print(f"[trainer] {signame}: saved {entry.file} at {where} (global step {entry.global_step})", flush=True)
 
+    def decide(self, save_due: bool, mid_epoch: bool = False) -> tuple[bool, bool]:
+        """(stop, save) now: this process's own view, or with several processes, what all of them agree on."""
+        if self.agreement is None:
+            return self.stop.signum is not None, save_due
+        return self.agreement.decide(self.stop, save_due, mid_epoch)
+
+    def stopping(self) -> bool:
+        """Between two epochs' fits: whether to stop here (agreed, with several processes)."""
+        return self.decide(False)[0]
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.cursor.in_epoch_training:
             return  # the epoch's steps are all done: its end (after validation) decides
-        if self.stop.signum is not None:
+        if self.agreement is not None and not self.agreement.step():
+            return  # not a point where the processes compare notes: every one of them goes on alike
+        stop, save = self.decide(self.saves and self.policy.due_mid_epoch(), mid_epoch=True)
+        if stop:
             self.stop_here()
-            raise TrainingInterrupted(self.stop.signum)
-        if self.saves and self.policy.due_mid_epoch():
+            raise TrainingInterrupted(self.stop.signum or signal.SIGTERM)
+        if save:
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.stop.signum is not None:
+        stop, save = self.decide(self.saves and self.policy.due_at_epoch_end(epoch + 1))
+        if stop:
             self.stop_here()
             self.model.stop_training = True
-        elif self.saves and self.policy.due_at_epoch_end(epoch + 1) and not self._saved_here():
+        elif save and not self._saved_here():
             self.save()
 
 

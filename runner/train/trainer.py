@@ -265,6 +265,7 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
     A process that does not write the run directory (not run.chief) keeps the position, prints progress and stops
     on a signal where the others do, and saves its checkpoints where the chief does, but to a scratch directory
     (its run.store: checkpoints.scratch_dir)."""
+    from runner.train import agreement
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
 
@@ -281,6 +282,7 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
         run.data_order,
         run.resumed.checkpoint if run.resumed else None,
         framework=run.framework,
+        agreement=agreement.for_run(run.framework, run.resolved),
     )
     checkpointer.set_model(run.model)  # a stop between two fits saves before any fit has set it
     if not run.chief:
@@ -314,7 +316,7 @@ def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int |
     cursor, checkpointer = _find(callbacks, cb.Cursor), _find(callbacks, cb.Checkpointer)
     epoch, skip = cursor.position if from_epoch is None else (from_epoch, 0)
     for index in range(epoch, until_epoch):
-        if checkpointer.stop.signum is not None:  # came between two fits
+        if checkpointer.stopping():  # came between two fits
             checkpointer.stop_here()
             return
         cursor.begin(index, skip)
@@ -338,7 +340,7 @@ def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int |
             _find(callbacks, cb.Progress).write()
             raise
         skip = 0
-        if checkpointer.stop.signum is not None:  # came during the epoch's last step or validation
+        if checkpointer.stopped:  # decided at the epoch's end (a signal during its last step or validation)
             return
 
 
@@ -403,13 +405,16 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     milestones = Milestones(ctx)
     run = prepare(cfg, ctx, milestones=milestones)
     # Only now: the callbacks' base class is the Keras that prepare() chose (tf_keras, or Keras 3 on an engine).
-    from runner.train.callbacks import TrainingInterrupted
+    from runner.train.callbacks import Checkpointer, TrainingInterrupted
 
     callbacks, stop = make_callbacks(run)
     callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
-    if stop.signum is not None:
+    checkpointer = _find(callbacks, Checkpointer)
+    # With several processes only an agreed stop ends here: one that came after the last agreement point finishes
+    # with the others (the final evaluation is collective too).
+    if checkpointer.stopped or (checkpointer.agreement is None and stop.signum is not None):
         _say("[trainer] stopped before the end; the newest checkpoint is kept for a resume")
         raise SystemExit(stop.exit_code)
     return finish(run)
