@@ -8,6 +8,10 @@ image's own basics (PATH with this interpreter first, HOME and TMPDIR of its own
 STORAGE_EMULATOR_HOST: the VM's network reaches the storage emulator. Volumes, users, --privileged and the like
 are accepted and have no effect: there is no isolation to configure.
 
+On a multi-host node (and on every slice of a multislice) the container also gets what JAX's Cloud TPU cluster
+detection would find on the VM (`jax_cluster_env`), as the KERAS_DISTRIBUTION_* variables keras.distribution
+.initialize() reads: so the JAX engine's processes on the emulated hosts form one jax.distributed cluster.
+
 `pull` asks the emulator ($RUNNER_TPU_API/_emulator/images) whether the image "exists", so the missing-image
 fault makes it fail as Docker does; `run` asks it ($RUNNER_TPU_API/_emulator/container-env) which variables to leave
 out of the container (the drop-env fault). `stop`, `rm -f` and `kill` find containers by name through per-name records
@@ -32,10 +36,10 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.imageref import ImageRef
+from tpu_emulator.vm import COORDINATOR, MARKER
 
 DETACHED_CHILD = "RUNNER_DOCKER_SHIM_DETACHED"
 SHIM_DIR = "RUNNER_DOCKER_SHIM_DIR"  # set by the wrapper: the directory the VM finds `docker` in
-MARKER = "RUNNER_EMULATOR_VM"
 SHORT = {"e": "--env", "v": "--volume", "u": "--user", "h": "--hostname", "m": "--memory", "w": "--workdir"}
 SHORT |= {"l": "--label", "p": "--publish", "t": "--tty", "i": "--interactive", "d": "--detach", "P": "--publish-all"}
 BOOL_FLAGS = {"--rm", "--privileged", "--init", "--tty", "--interactive", "--detach", "--read-only", "--publish-all"}
@@ -105,6 +109,43 @@ def dropped_env(ref: str) -> list[str]:
             return [str(name) for name in json.load(answer).get("drop", [])]
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def _metadata(key: str) -> str:
+    url = f"{os.environ['RUNNER_METADATA_URL']}/{key}"
+    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.read().decode()
+
+
+def jax_cluster_env() -> dict[str, str]:
+    """JAX's cluster on a multi-host slice or a multislice, as keras.distribution.initialize() reads it from the
+    environment. On a Cloud TPU VM, jax.distributed.initialize() finds it by itself (jax/_src/clusters/
+    cloud_tpu_cluster.py): the process count is the hosts per slice (tpu-env WORKER_HOSTNAMES) times
+    MEGASCALE_NUM_SLICES, the process id MEGASCALE_SLICE_ID x hosts + agent-worker-number, the coordinator process
+    0's host. It looks only where there are TPU chips, which an emulated VM has not, so the same facts are read here
+    from the same metadata; the coordinator's address is the one the emulator reserved for the node's cluster
+    (vm.COORDINATOR: every emulated host is this machine). {} for a single host or without an emulator."""
+    coordinator = os.environ.get(COORDINATOR)
+    if not coordinator or not os.environ.get("RUNNER_METADATA_URL"):
+        return {}
+    try:
+        host = int(_metadata("instance/attributes/agent-worker-number"))
+        tpu_env = dict(
+            (key.strip(), value.strip().strip("'"))
+            for key, _, value in (line.partition(":") for line in _metadata("instance/attributes/tpu-env").splitlines())
+        )
+    except (OSError, ValueError) as exc:
+        print(f"[emulator] no JAX cluster for this container: the metadata did not answer ({exc})", file=sys.stderr)
+        return {}
+    hosts = len(tpu_env.get("WORKER_HOSTNAMES", "").split(","))
+    slices = int(tpu_env.get("MEGASCALE_NUM_SLICES") or 1)
+    slice_id = int(tpu_env.get("MEGASCALE_SLICE_ID") or 0)
+    return {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(hosts * slices),
+        "KERAS_DISTRIBUTION_PROCESS_ID": str(slice_id * hosts + host),
+    }
 
 
 def pull(image: str, *, quiet: bool = False) -> str | None:
@@ -285,7 +326,7 @@ def run(args: list[str]) -> int:
     }
     if os.environ.get("PYTHONPATH"):
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the image has the runner installed; here it is this tree
-    final = {**base, **launch.env}
+    final = {**base, **jax_cluster_env(), **launch.env}  # what the job's own environment says comes first
     for key in ("STORAGE_EMULATOR_HOST", MARKER):
         if key in os.environ:
             final[key] = os.environ[key]

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from runner.backends.local import free_ports
 from runner.plan import catalog
 from tpu_emulator import codec, errors, validate
 from tpu_emulator.errors import ApiError, already_exists, invalid, not_found
@@ -74,6 +75,7 @@ class Cloud:
         self.closing = threading.Event()
         self._threads: list[threading.Thread] = []
         self._op_seq = itertools.count(1)
+        self._coordinators: dict[str, str] = {}  # node or multislice queued resource -> JAX coordinator
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -204,9 +206,21 @@ class Cloud:
                 node.hung = True
                 self.launcher.hang(node.project, node.zone, node.node_id, node.accel.hosts, script is not None)
             else:
-                node.vms = self.launcher.boot(node.project, node.zone, node.node_id, node.accel.hosts, script)
+                node.vms = self.launcher.boot(
+                    node.project, node.zone, node.node_id, node.accel.hosts, script, self._coordinator(node)
+                )
         except OSError as exc:
             print(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}", flush=True)
+
+    def _coordinator(self, node: Node) -> str | None:
+        """The JAX coordinator address the VMs of a multi-host node share, and with it every slice of the same
+        multislice queued resource (one cluster over all of them); None for a single host."""
+        if node.accel.hosts == 1 and node.slice is None:
+            return None
+        group = node.queued_resource if node.slice is not None and node.queued_resource else node.name
+        if group not in self._coordinators:
+            self._coordinators[group] = f"127.0.0.1:{free_ports(1)[0]}"
+        return self._coordinators[group]
 
     def insert_node(self, project: str, zone: str, node_id: str, spec: dict[str, Any]) -> Node:
         """A READY node that is simply there (no operation): someone else's, or one made before the test began.

@@ -27,6 +27,10 @@ from pathlib import Path
 from runner.backends import container
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
+# host:port where process 0 of a multi-host slice (or of every slice of a multislice) serves JAX's distributed
+# coordinator: on a real TPU VM JAX finds it from the metadata server (worker 0's address, port 8482), but only when
+# the VM has TPU chips; every emulated VM is this machine, so the emulator reserves a free local port instead.
+COORDINATOR = "RUNNER_EMULATOR_COORDINATOR"
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the runner and tpu_emulator packages
 
 
@@ -170,7 +174,9 @@ class VmLauncher:
         digest = hashlib.sha1(f"{project}/{zone}/{node_id}".encode()).hexdigest()[:8]
         return f"t1v-n-{digest}-w-{worker}"
 
-    def vm_env(self, project: str, zone: str, node_id: str, worker: int, marker: str) -> dict[str, str]:
+    def vm_env(
+        self, project: str, zone: str, node_id: str, worker: int, marker: str, coordinator: str | None = None
+    ) -> dict[str, str]:
         """The environment of a VM's startup-script: the contract bootstrap scripts rely on."""
         directory = self.vm_dir(project, zone, node_id, worker)
         user = os.environ.get("USER") or getpass.getuser()
@@ -190,10 +196,15 @@ class VmLauncher:
         if self.gcs_endpoint:
             env["RUNNER_STORAGE_API"] = self.gcs_endpoint
             env["STORAGE_EMULATOR_HOST"] = self.gcs_endpoint
+        if coordinator:
+            env[COORDINATOR] = coordinator
         return env
 
-    def boot(self, project: str, zone: str, node_id: str, hosts: int, script: str | None) -> VmGroup | None:
-        """Start the startup-script on every worker; None when the node has none (nothing runs)."""
+    def boot(
+        self, project: str, zone: str, node_id: str, hosts: int, script: str | None, coordinator: str | None = None
+    ) -> VmGroup | None:
+        """Start the startup-script on every worker; None when the node has none (nothing runs). `coordinator`:
+        the JAX coordinator address of a multi-host node's cluster (COORDINATOR)."""
         if script is None:
             return None
         boot = next(self._boots)
@@ -205,7 +216,7 @@ class VmLauncher:
             shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk
             for sub in ("home", "tmp"):
                 (directory / sub).mkdir(parents=True, exist_ok=True)
-            env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}")
+            env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}", coordinator)
             with (directory / "console.log").open("ab") as console:
                 console.write(f"[tpu-emulator] {name} worker {worker} of {hosts}: running startup-script\n".encode())
                 console.flush()

@@ -286,6 +286,8 @@ class Run:
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions}); the job resumes from its newest checkpoint")
+            if slices > 1:
+                self._let_the_chief_save()
             raise _Retry
         if verdict == Verdict.WORKER_LOST:
             self.say(f"{self.reason}: ending the run")
@@ -306,6 +308,33 @@ class Run:
             self.say(f"the job failed: running it again ({self.failures}/{retries.failures})")
             raise _Retry
         return state
+
+    def _let_the_chief_save(self) -> None:
+        """One slice of a multislice taken back: its hosts got the preemption notice, and through the workers'
+        agreement (runner.train.agreement) every worker stops at one step, where the chief (worker 0) saves. The
+        slices still up go only once the chief's exit record is in (its checkpoint was uploaded before it), or after
+        grace_s: deleting them at once would cut that save short and lose the steps since the last one."""
+
+        def chief_done(snapshot: Snapshot) -> bool:
+            return any(e.worker == 0 for e in snapshot.exits) or time.monotonic() > deadline
+
+        self.say(f"waiting up to {self.grace_s:.0f}s for the workers to stop at one step and worker 0 to save")
+        deadline = time.monotonic() + self.grace_s
+        snapshot = follow(
+            self.storage,
+            self.on_output,
+            num_workers=self.plan.num_workers,
+            interval_s=self.poll_s,
+            tail=self.tail,
+            seen_events=self.seen,
+            on_event=lambda event: _show_event(event, self.say),
+            stop=chief_done,
+            since=self.since,
+        )
+        if any(e.worker == 0 for e in snapshot.exits):
+            self.say("worker 0 has stopped")
+        else:
+            self.say(f"worker 0 did not stop within {self.grace_s:.0f}s: the run resumes from its newest checkpoint")
 
     def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
         """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""

@@ -97,3 +97,34 @@ def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_
     assert len(deletes) == 2 and all(d.query.get("force") == "true" for d in deletes)  # replaced once, then done
     assert all(f"[worker {w}] tick 5" in result.output for w in range(4))
     assert not cloud.nodes() and not cloud.queued_resources()
+
+
+def test_a_jax_job_on_two_slices_trains_as_one_cluster(cloud, tmp_path: Path, bucket_url: str, gcs_mnist: str) -> None:  # type: ignore[no-untyped-def]
+    """The JAX engine on 2 x v4-16: its 4 processes (one per host of either slice) form one jax.distributed cluster
+    from what each VM is told (the emulator's stand-in for JAX's Cloud TPU detection, tpu_emulator.docker_shim
+    .jax_cluster_env), DataParallel over all 4 devices; worker 0 alone writes the run directory."""
+    path = tmp_path / "jaxmulti.yaml"
+    path.write_text(
+        f"name: jaxmulti\nimage: {IMAGE}\n"
+        "accelerator: {type: v4-16, slices: 2, zone: us-central2-b, project: test-project}\n"
+        f"storage: {bucket_url}\n"
+        "training: {framework: jax, model: mnist_mlp, epochs: 2, batch_size: 64, max_train_examples: 4096,\n"
+        f"           max_test_examples: 512, data: {gcs_mnist}}}\n"
+    )
+    result = submit(str(path))
+    assert result.exit_code == 0, result.output
+    for w in range(4):
+        assert f"[worker {w}] [trainer] strategy: DataParallel on CPU, 4 replicas" in result.output, result.output
+        assert f"4 processes of 1 devices (this is process {w})" in result.output
+        assert f"[worker {w}] [trainer] done: test accuracy" in result.output
+    run_id = run_id_of(result.output)
+    store = open_storage(f"{bucket_url}/runs/{run_id}")
+    summary = json.loads(store.read_bytes("summary.json") or b"{}")
+    assert summary["strategy"]["processes"] == 4 and summary["strategy"]["replicas"] == 4
+    assert summary["global_step"] == 2 * 4096 // 64  # the global batch of 64 split over 4 processes
+    assert 0.8 <= summary["test_accuracy"] <= 1.0  # 0.90 on this slice
+    metrics = [json.loads(line) for line in (store.read_bytes("metrics.jsonl") or b"").splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2]  # one writer
+    names = sorted(o.key for o in store.list("checkpoints/") if o.key.endswith(".keras"))
+    assert names == ["checkpoints/ckpt-000001.keras", "checkpoints/ckpt-000002.keras"]
+    assert not cloud.nodes() and not cloud.queued_resources()
