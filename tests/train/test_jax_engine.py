@@ -21,7 +21,10 @@ pytestmark = pytest.mark.slow
 TINY = {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256}
 
 
-def test_jax_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path) -> None:
+def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Path, mnist_npz: Path) -> None:
+    """One run directory, four trainer starts (each start imports an engine: the expensive part): JAX from scratch,
+    JAX resumed, then TensorFlow resumed from JAX's checkpoint and JAX again from TensorFlow's. A checkpoint crosses
+    engines only when it loads whole; tf_keras (Keras 2) archives, which do not, are refused in test_trainer.py."""
     run = tmp_path / "run"
     first = train(run, mnist_npz, framework="jax", epochs=1)
     assert first.returncode == 0, first.stdout[-3000:]
@@ -53,6 +56,21 @@ def test_jax_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: P
     validation = {(step, tag): value for step, tag, value in read_scalars_all(board / "validation")}
     assert validation[1, "epoch_accuracy"] == pytest.approx(rows(run / contract.METRICS)[1]["val_accuracy"])
 
+    # Across engines, each way: the checkpoint loads whole (every stored weight and optimizer value found, equal).
+    back = train(run, mnist_npz, framework="tensorflow", epochs=3)
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert (
+        "[trainer] ckpt-000002.keras was written by the jax engine; under tensorflow it loaded whole (every stored "
+        "weight and optimizer value found, equal)"
+    ) in back.stdout
+    assert "resumed from ckpt-000002.keras: epoch 2 done, optimizer step 8" in back.stdout
+    on_jax = train(run, mnist_npz, framework="jax", epochs=4)
+    assert on_jax.returncode == 0, on_jax.stdout[-3000:]
+    assert "ckpt-000003.keras was written by the tensorflow engine; under jax it loaded whole" in on_jax.stdout
+    summary = json.loads((run / contract.SUMMARY).read_text())
+    assert (summary["framework"], summary["global_step"], summary["optimizer_iterations"]) == ("jax", 16, 16)
+    assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3, 4]
+
 
 def read_scalars_all(directory: Path) -> list[tuple[int, str, float]]:
     out = []
@@ -79,34 +97,6 @@ def test_both_engines_reach_the_same_accuracy(tmp_path: Path, mnist_npz: Path) -
         reached[framework] = json.loads((run / contract.SUMMARY).read_text())["test_accuracy"]
     assert all(0.80 <= a <= 0.92 for a in reached.values()), reached
     assert abs(reached["jax"] - reached["tensorflow"]) <= 0.04, reached
-
-
-def test_a_checkpoint_crosses_engines_only_when_it_loads_whole(tmp_path: Path, mnist_npz: Path) -> None:
-    run = tmp_path / "run"
-    mlp = {"model": "mnist_mlp", **TINY}
-    assert train(run, mnist_npz, framework="tensorflow", epochs=1, **mlp).returncode == 0
-    on_jax = train(run, mnist_npz, framework="jax", epochs=2, **mlp)
-    assert on_jax.returncode == 0, on_jax.stdout[-3000:]
-    assert (
-        "[trainer] ckpt-000001.keras was written by the tensorflow engine; under jax it loaded whole (every stored "
-        "weight and optimizer value found, equal)"
-    ) in on_jax.stdout
-    assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in on_jax.stdout
-    back = train(run, mnist_npz, framework="tensorflow", epochs=3, **mlp)
-    assert back.returncode == 0, back.stdout[-3000:]
-    assert "ckpt-000002.keras was written by the jax engine; under tensorflow it loaded whole" in back.stdout
-    summary = json.loads((run / contract.SUMMARY).read_text())
-    assert (summary["framework"], summary["global_step"], summary["optimizer_iterations"]) == ("tensorflow", 12, 12)
-    assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
-
-    # tf_keras (Keras 2) archives are TensorFlow's only: refused with what to do, not a traceback.
-    legacy = tmp_path / "legacy"
-    assert train(legacy, mnist_npz, framework="tensorflow", keras="tf_keras", epochs=1, **mlp).returncode == 0
-    refused = train(legacy, mnist_npz, framework="jax", epochs=2, **mlp)
-    assert refused.returncode == 2
-    assert "was written by tf_keras (Keras 2, TensorFlow only)" in refused.stdout
-    assert "set training.framework: tensorflow to continue it" in refused.stdout
-    assert "Traceback" not in refused.stdout
 
 
 def test_an_expected_accelerator_that_jax_cannot_see_fails_fast(tmp_path: Path, mnist_npz: Path) -> None:
