@@ -19,14 +19,17 @@ from tests.train.test_trainer import rows, train, worker_env
 pytestmark = pytest.mark.slow
 
 TINY = {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256}
+# The MLP: the contract and the checkpoints do not depend on the model, and JAX compiles the CNN for many seconds at
+# every start (the bench's JAX tests train the CNN on JAX).
+MLP = {"model": "mnist_mlp"}
 
 
 def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Path, mnist_npz: Path) -> None:
-    """One run directory, four trainer starts (each start imports an engine: the expensive part): JAX from scratch,
+    """One run directory, four trainer starts (each imports an engine and compiles: the expensive part): JAX anew,
     JAX resumed, then TensorFlow resumed from JAX's checkpoint and JAX again from TensorFlow's. A checkpoint crosses
     engines only when it loads whole; tf_keras (Keras 2) archives, which do not, are refused in test_trainer.py."""
     run = tmp_path / "run"
-    first = train(run, mnist_npz, framework="jax", epochs=1)
+    first = train(run, mnist_npz, framework="jax", epochs=1, **MLP)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DataParallel on CPU, 1 replica (cpu:0); JAX 0." in first.stdout
     assert "XLA always (JAX)" in first.stdout
@@ -42,7 +45,7 @@ def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Pa
     assert summary["strategy"]["kind"] == "cpu" and summary["strategy"]["processes"] == 1
     assert set(summary["versions"]) == {"jax", "keras"} and summary["perf"]["jit_compile"] is True
 
-    second = train(run, mnist_npz, framework="jax", epochs=2)
+    second = train(run, mnist_npz, framework="jax", epochs=2, **MLP)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
     assert "Epoch 1/2" not in second.stdout
@@ -57,14 +60,14 @@ def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Pa
     assert validation[1, "epoch_accuracy"] == pytest.approx(rows(run / contract.METRICS)[1]["val_accuracy"])
 
     # Across engines, each way: the checkpoint loads whole (every stored weight and optimizer value found, equal).
-    back = train(run, mnist_npz, framework="tensorflow", epochs=3)
+    back = train(run, mnist_npz, framework="tensorflow", epochs=3, **MLP)
     assert back.returncode == 0, back.stdout[-3000:]
     assert (
         "[trainer] ckpt-000002.keras was written by the jax engine; under tensorflow it loaded whole (every stored "
         "weight and optimizer value found, equal)"
     ) in back.stdout
     assert "resumed from ckpt-000002.keras: epoch 2 done, optimizer step 8" in back.stdout
-    on_jax = train(run, mnist_npz, framework="jax", epochs=4)
+    on_jax = train(run, mnist_npz, framework="jax", epochs=4, **MLP)
     assert on_jax.returncode == 0, on_jax.stdout[-3000:]
     assert "ckpt-000003.keras was written by the tensorflow engine; under jax it loaded whole" in on_jax.stdout
     summary = json.loads((run / contract.SUMMARY).read_text())
