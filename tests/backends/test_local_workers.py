@@ -109,6 +109,17 @@ def submit(job: Path, *args: str, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+def start(job: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*RUNNER, "submit", str(job), "--local", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def summary_of(run_dir: str) -> dict[str, object]:
     summary: dict[str, object] = json.loads((Path(run_dir) / contract.SUMMARY).read_text())
     return summary
@@ -119,12 +130,16 @@ def summary_of(run_dir: str) -> dict[str, object]:
 def test_two_workers_train_to_the_same_accuracy_as_one(
     tmp_path: Path, runner_home: Path, mnist_npz: Path, framework: str
 ) -> None:
-    job = training_job(tmp_path, framework)
-    one = submit(job, "--set", "training.keras=tf_keras" if framework == "tensorflow" else "training.keras=auto")
+    # 2 epochs of 12000 examples reached 0.90 alone and in a pair, on both engines (3 epochs: 0.915).
+    job = training_job(tmp_path, framework, epochs=2)
+    keras = "training.keras=tf_keras" if framework == "tensorflow" else "training.keras=auto"
+    # The single worker and the pair are independent runs: started together, their engine imports overlap.
+    alone_proc = start(job, "--set", keras)
+    pair_proc = start(job, "--workers", "2")
+    one, two = finish(alone_proc), finish(pair_proc)
     assert one.returncode == 0, one.stdout + one.stderr
-    two = submit(job, "--workers", "2")
     assert two.returncode == 0, two.stdout + two.stderr
-    first, second = records(runner_home)
+    first, second = sorted(records(runner_home), key=lambda r: r.num_workers)
     assert (first.num_workers, second.num_workers) == (1, 2)
     alone, pair = summary_of(first.run_dir), summary_of(second.run_dir)
     assert pair["strategy"]["replicas"] == 2  # type: ignore[index]
@@ -136,9 +151,9 @@ def test_two_workers_train_to_the_same_accuracy_as_one(
         assert json.loads((run_dir / contract.exit_key(worker)).read_text())["state"] == "succeeded"
         assert json.loads((run_dir / contract.heartbeat_key(worker)).read_text())["worker"] == worker
     # The chief alone wrote the run directory: one row per epoch, one checkpoint per epoch.
-    assert len((run_dir / contract.METRICS).read_text().splitlines()) == 3
+    assert len((run_dir / contract.METRICS).read_text().splitlines()) == 2
     names = sorted(p.name for p in (run_dir / contract.CHECKPOINTS).glob("ckpt-*.keras"))
-    assert names == ["ckpt-000001.keras", "ckpt-000002.keras", "ckpt-000003.keras"]
+    assert names == ["ckpt-000001.keras", "ckpt-000002.keras"]
     assert "[worker 1]" in two.stdout  # every worker's log, prefixed
 
 
@@ -172,7 +187,8 @@ def _log(run_dir: Path, worker: int) -> str:
 def test_a_trainer_killed_fails_the_run_naming_its_worker_and_stops_the_other(
     tmp_path: Path, runner_home: Path, mnist_npz: Path
 ) -> None:
-    job = training_job(tmp_path, "tensorflow", epochs=30, train=60000)
+    # 30 epochs of 12000 examples outlast the kill many times over; all 60000 only took longer to load.
+    job = training_job(tmp_path, "tensorflow", epochs=30, train=12000)
     proc = subprocess.Popen(
         [*RUNNER, "submit", str(job), "--local", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

@@ -286,12 +286,7 @@ def test_quick_case_ends_as_expected_and_leaks_nothing(suite, name: str) -> None
     assert json.loads((suite.workdir / f"{name}-1" / "result.json").read_text())["case"] == name
 
 
-@pytest.mark.slow
-def test_two_preemptions_lose_no_checkpoint_and_redo_no_epoch(suite) -> None:  # type: ignore[no-untyped-def]
-    result = suite.run_case(case_named("preemption-x2"))
-    print(table.report([result]))
-    assert result.got == "succeeded", result.problems
-    assert result.nodes_leaked == 0
-    assert result.checkpoints_lost == 0
-    assert result.epochs_redone == 0
-    assert result.steps_lost and all(s.steps == 0 for s in result.steps_lost)
+# `preemption-x2` (two spot preemptions: no checkpoint lost, no step or epoch trained twice) runs only in
+# `python -m faults`: its full-size epochs take over a minute and a half. The suite keeps the same promise, measured
+# with the same faults.measure on the trainer log, in tests/backends/test_tpu_vm.py::
+# test_preemptions_recreate_the_node_and_training_resumes_losing_nothing, on epochs small enough for a test.

@@ -103,10 +103,25 @@ def test_tf_keras_checkpoint_cannot_be_resumed_by_keras3(tmp_path: Path, mnist_n
     assert first.returncode == 0, first.stdout[-3000:]
     assert "tf_keras 2." in first.stdout
     assert json.loads((run / "checkpoints" / "latest.json").read_text())["keras"] == "tf_keras"
+    # Neither Keras 3 on TensorFlow nor the JAX engine (Keras 3 only) can read it: each is refused with what to do,
+    # not a traceback. The two refusals are independent (JAX's on a copy of the run directory): they run at once.
+    shutil.copytree(run, tmp_path / "copy")
+    on_jax = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(tmp_path / "copy", mnist_npz, model="mnist_mlp", epochs=2, framework="jax"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     clash = train(run, mnist_npz, model="mnist_mlp", epochs=2, keras="keras3")
+    refused = on_jax.communicate(timeout=300)[0]
     assert clash.returncode == 2
     assert "written by tf_keras, which keras3 cannot read" in clash.stdout
     assert "Traceback" not in clash.stdout
+    assert on_jax.returncode == 2, refused[-3000:]
+    assert "was written by tf_keras (Keras 2, TensorFlow only)" in refused
+    assert "set training.framework: tensorflow to continue it" in refused
+    assert "Traceback" not in refused
     # auto follows the checkpoint instead of failing.
     resumed = train(run, mnist_npz, model="mnist_mlp", epochs=2, keras="auto")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
@@ -270,8 +285,11 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     base = tmp_path / "base"
     first = train(base, mnist_npz, model="mnist_mlp", epochs=3, checkpoint_keep=3)
     assert first.returncode == 0, first.stdout[-3000:]
+    more = {"model": "mnist_mlp", "epochs": 4, "checkpoint_keep": 3}
 
-    # Newest torn, the next one intact but unloadable: the oldest is taken, loudly, and the run completes.
+    # Three copies of that run directory, each damaged its own way; their resumes are independent, so they run at
+    # once (each trainer start imports TensorFlow: the expensive part).
+    # 1. Newest torn, the next one intact but unloadable: the oldest is taken, loudly, and the run completes.
     torn = tmp_path / "torn"
     shutil.copytree(base, torn)
     ckpts = torn / contract.CHECKPOINTS
@@ -279,15 +297,35 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     corrupt_crc(ckpts / "ckpt-000003.keras")
     torn_crc = file_crc32c(ckpts / "ckpt-000003.keras")
     make_unloadable(ckpts, "ckpt-000002.keras")
-    result = train(torn, mnist_npz, model="mnist_mlp", epochs=4, checkpoint_keep=3)
-    assert result.returncode == 0, result.stdout[-3000:]
+    # 2. An unreadable manifest: the directory scan finds the newest by the positions in the names.
+    scanned = tmp_path / "scanned"
+    shutil.copytree(base, scanned)
+    (scanned / "checkpoints" / "latest.json").write_text('{"checkpoints": [{"file": ')
+    # 3. Nothing verifies: starting over is the only way on, and it is said.
+    lost = tmp_path / "lost"
+    shutil.copytree(base, lost)
+    for path in (lost / "checkpoints").glob("ckpt-*.keras"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    torn_run, scanned_run, lost_run = (
+        subprocess.Popen(
+            [sys.executable, "-m", "runner.worker"],
+            env=worker_env(run, mnist_npz, **more),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for run in (torn, scanned, lost)
+    )
+
+    out = torn_run.communicate(timeout=300)[0]
+    assert torn_run.returncode == 0, out[-3000:]
     assert (
         f"[trainer] skipping ckpt-000003.keras: crc32c mismatch (manifest {listed['ckpt-000003.keras'].crc32c}, "
         f"file {torn_crc})"
-    ) in result.stdout
-    assert "[trainer] skipping ckpt-000002.keras: failed to load (" in result.stdout
-    assert "[trainer] resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in result.stdout
-    assert "Traceback" not in result.stdout
+    ) in out
+    assert "[trainer] skipping ckpt-000002.keras: failed to load (" in out
+    assert "[trainer] resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in out
+    assert "Traceback" not in out
     summary = json.loads((torn / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"]) == (16, 12)
     assert [r["epoch"] for r in rows(torn / contract.METRICS)] == [1, 2, 3, 4]
@@ -295,27 +333,18 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     for entry in read_manifest(ckpts):
         assert (entry.size, entry.crc32c) == ((ckpts / entry.file).stat().st_size, file_crc32c(ckpts / entry.file))
 
-    # An unreadable manifest: the directory scan finds the newest by the positions in the names.
-    scanned = tmp_path / "scanned"
-    shutil.copytree(base, scanned)
-    (scanned / "checkpoints" / "latest.json").write_text('{"checkpoints": [{"file": ')
-    result = train(scanned, mnist_npz, model="mnist_mlp", epochs=4, checkpoint_keep=3)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "[trainer] checkpoints/latest.json is unreadable: not JSON" in result.stdout
-    assert "[trainer] resumed from ckpt-000003.keras: epoch 3 done, optimizer step 12" in result.stdout
+    out = scanned_run.communicate(timeout=300)[0]
+    assert scanned_run.returncode == 0, out[-3000:]
+    assert "[trainer] checkpoints/latest.json is unreadable: not JSON" in out
+    assert "[trainer] resumed from ckpt-000003.keras: epoch 3 done, optimizer step 12" in out
     summary = json.loads((scanned / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"]) == (16, 4)
 
-    # Nothing verifies: starting over is the only way on, and it is said.
-    lost = tmp_path / "lost"
-    shutil.copytree(base, lost)
-    for path in (lost / "checkpoints").glob("ckpt-*.keras"):
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    result = train(lost, mnist_npz, model="mnist_mlp", epochs=4, checkpoint_keep=3)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert result.stdout.count("[trainer] skipping ckpt-") == 3
-    assert "[trainer] no checkpoint verifies (3 skipped): starting over from epoch 1" in result.stdout
-    assert "Epoch 1/4 4/4" in result.stdout
+    out = lost_run.communicate(timeout=300)[0]
+    assert lost_run.returncode == 0, out[-3000:]
+    assert out.count("[trainer] skipping ckpt-") == 3
+    assert "[trainer] no checkpoint verifies (3 skipped): starting over from epoch 1" in out
+    assert "Epoch 1/4 4/4" in out
     summary = json.loads((lost / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"], summary["resumed_from"]) == (16, 16, None)
 
