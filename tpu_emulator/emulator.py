@@ -76,7 +76,6 @@ class TpuEmulator:
         self.host, self._port = host, port
         self.workdir = Path(workdir).absolute()
         self.gcs_endpoint = gcs_endpoint
-        self.vm_grace_s = vm_grace_s
         self.id = uuid.uuid4().hex[:12]
         self.faults = Faults()
         self.scheduler = Scheduler()
@@ -95,6 +94,15 @@ class TpuEmulator:
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
         self._http: HttpServer | None = None
+
+    @property
+    def vm_grace_s(self) -> float:
+        """Seconds a VM gets from SIGTERM to SIGKILL when it is preempted, deleted or the emulator stops."""
+        return self.cloud.vm_grace_s
+
+    @vm_grace_s.setter
+    def vm_grace_s(self, seconds: float) -> None:
+        self.cloud.vm_grace_s = seconds
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 

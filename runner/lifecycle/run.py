@@ -311,9 +311,10 @@ class Run:
 
     def _let_the_chief_save(self) -> None:
         """One slice of a multislice taken back: its hosts got the preemption notice, and through the workers'
-        agreement (runner.train.agreement) every worker stops at one step, where the chief (worker 0) saves. The
-        slices still up go only once the chief's exit record is in (its checkpoint was uploaded before it), or after
-        grace_s: deleting them at once would cut that save short and lose the steps since the last one."""
+        agreement (runner.train.agreement) every worker stops at one step, where the chief (worker 0) saves. Cloud
+        TPU suspends the queued resource and deletes the other slices itself, each VM with its shutdown grace; the
+        runner's own forced delete waits until the chief's exit record is in (its checkpoint was uploaded before
+        it), or grace_s, so as not to cut that save short and lose the steps since the last one."""
 
         def chief_done(snapshot: Snapshot) -> bool:
             return any(e.worker == 0 for e in snapshot.exits) or time.monotonic() > deadline
