@@ -104,28 +104,34 @@ def test_tf_keras_checkpoint_cannot_be_resumed_by_keras3(tmp_path: Path, mnist_n
     assert "tf_keras 2." in first.stdout
     assert json.loads((run / "checkpoints" / "latest.json").read_text())["keras"] == "tf_keras"
     # Neither Keras 3 on TensorFlow nor the JAX engine (Keras 3 only) can read it: each is refused with what to do,
-    # not a traceback. The two refusals are independent (JAX's on a copy of the run directory): they run at once.
-    shutil.copytree(run, tmp_path / "copy")
-    on_jax = subprocess.Popen(
-        [sys.executable, "-m", "runner.worker"],
-        env=worker_env(tmp_path / "copy", mnist_npz, model="mnist_mlp", epochs=2, framework="jax"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    clash = train(run, mnist_npz, model="mnist_mlp", epochs=2, keras="keras3")
-    refused = on_jax.communicate(timeout=300)[0]
-    assert clash.returncode == 2
-    assert "written by tf_keras, which keras3 cannot read" in clash.stdout
-    assert "Traceback" not in clash.stdout
-    assert on_jax.returncode == 2, refused[-3000:]
+    # not a traceback; auto follows the checkpoint instead of failing. The three starts are independent (the
+    # refusals each on a copy of the run directory), so they run at once: each imports an engine, the expensive part.
+    shutil.copytree(run, tmp_path / "on-keras3")
+    shutil.copytree(run, tmp_path / "on-jax")
+    starts = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "runner.worker"],
+            env=worker_env(directory, mnist_npz, model="mnist_mlp", epochs=2, **chosen),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, directory, chosen in (
+            ("keras3", tmp_path / "on-keras3", {"keras": "keras3"}),
+            ("jax", tmp_path / "on-jax", {"framework": "jax"}),
+            ("auto", run, {"keras": "auto"}),
+        )
+    }
+    clash, refused, resumed = (starts[name].communicate(timeout=300)[0] for name in ("keras3", "jax", "auto"))
+    assert starts["keras3"].returncode == 2, clash[-3000:]
+    assert "written by tf_keras, which keras3 cannot read" in clash
+    assert "Traceback" not in clash
+    assert starts["jax"].returncode == 2, refused[-3000:]
     assert "was written by tf_keras (Keras 2, TensorFlow only)" in refused
     assert "set training.framework: tensorflow to continue it" in refused
     assert "Traceback" not in refused
-    # auto follows the checkpoint instead of failing.
-    resumed = train(run, mnist_npz, model="mnist_mlp", epochs=2, keras="auto")
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert "resumed from ckpt-000001.keras" in resumed.stdout
+    assert starts["auto"].returncode == 0, resumed[-3000:]
+    assert "resumed from ckpt-000001.keras" in resumed
 
 
 def test_bad_data_file_is_a_clear_error(tmp_path: Path, mnist_npz: Path) -> None:
