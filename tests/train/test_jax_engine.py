@@ -25,39 +25,35 @@ MLP = {"model": "mnist_mlp"}
 
 
 def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Path, mnist_npz: Path) -> None:
-    """One run directory, four trainer starts (each imports an engine and compiles: the expensive part): JAX anew,
-    JAX resumed, then TensorFlow resumed from JAX's checkpoint and JAX again from TensorFlow's. A checkpoint crosses
-    engines only when it loads whole; tf_keras (Keras 2) archives, which do not, are refused in test_trainer.py."""
+    """One run directory, three trainer starts (each imports an engine and compiles: the expensive part): JAX anew,
+    then TensorFlow resumed from JAX's checkpoint and JAX again from TensorFlow's. A checkpoint crosses engines only
+    when it loads whole; tf_keras (Keras 2) archives, which do not, are refused in test_trainer.py. JAX resuming its
+    own checkpoint, mid-epoch and step-exact, is test_trainer.py's test_sigterm_mid_epoch_...[jax]."""
     run = tmp_path / "run"
-    first = train(run, mnist_npz, framework="jax", epochs=1, **MLP)
+    first = train(run, mnist_npz, framework="jax", epochs=2, **MLP)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DataParallel on CPU, 1 replica (cpu:0); JAX 0." in first.stdout
     assert "XLA always (JAX)" in first.stdout
-    (m1,) = rows(run / contract.METRICS)
-    assert m1["epoch"] == 1 and m1["examples_per_s"] > 0 and 0 <= m1["val_accuracy"] <= 1
-    (entry,) = read_manifest(run / contract.CHECKPOINTS)
-    assert (entry.file, entry.position, entry.global_step) == ("ckpt-000001.keras", (1, 0), 4)
-    assert (entry.framework, entry.keras) == ("jax", "keras3")
-    assert entry.data is not None and entry.data.shuffle == NUMPY_SHUFFLE
+    metrics = rows(run / contract.METRICS)
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    assert all(m["examples_per_s"] > 0 and 0 <= m["val_accuracy"] <= 1 for m in metrics)
+    newest, oldest = read_manifest(run / contract.CHECKPOINTS)
+    assert (oldest.file, oldest.position, oldest.global_step) == ("ckpt-000001.keras", (1, 0), 4)
+    assert (newest.file, newest.position, newest.global_step) == ("ckpt-000002.keras", (2, 0), 8)
+    assert (newest.framework, newest.keras) == ("jax", "keras3")
+    assert newest.data is not None and newest.data.shuffle == NUMPY_SHUFFLE
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert summary["framework"] == "jax" and summary["keras"] == "keras3"
     assert summary["strategy"]["name"] == "DataParallel" and summary["strategy"]["devices"] == ["cpu:0"]
     assert summary["strategy"]["kind"] == "cpu" and summary["strategy"]["processes"] == 1
     assert set(summary["versions"]) == {"jax", "keras"} and summary["perf"]["jit_compile"] is True
-
-    second = train(run, mnist_npz, framework="jax", epochs=2, **MLP)
-    assert second.returncode == 0, second.stdout[-3000:]
-    assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
-    assert "Epoch 1/2" not in second.stdout
-    assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2]
-    summary = json.loads((run / contract.SUMMARY).read_text())
-    assert (summary["global_step"], summary["steps_this_attempt"], summary["optimizer_iterations"]) == (8, 4, 8)
-    # Both runs' TensorBoard scalars, in keras.callbacks.TensorBoard's layout and tags, one file per process.
+    assert (summary["global_step"], summary["steps_this_attempt"], summary["optimizer_iterations"]) == (8, 8, 8)
+    # TensorBoard scalars in keras.callbacks.TensorBoard's layout and tags, one file per process.
     board = run / contract.TENSORBOARD
-    train_tags = [(step, tag) for step, tag, _ in read_scalars_all(board / "train")]
+    train_tags = [(step, tag) for step, tag, _ in read_scalars_all(sorted((board / "train").glob("events.*")))]
     assert (0, "epoch_loss") in train_tags and (1, "epoch_accuracy") in train_tags
-    validation = {(step, tag): value for step, tag, value in read_scalars_all(board / "validation")}
-    assert validation[1, "epoch_accuracy"] == pytest.approx(rows(run / contract.METRICS)[1]["val_accuracy"])
+    validation = {(s, tag): v for s, tag, v in read_scalars_all(sorted((board / "validation").glob("events.*")))}
+    assert validation[1, "epoch_accuracy"] == pytest.approx(metrics[1]["val_accuracy"])
 
     # Across engines, each way: the checkpoint loads whole (every stored weight and optimizer value found, equal).
     back = train(run, mnist_npz, framework="tensorflow", epochs=3, **MLP)
@@ -67,18 +63,28 @@ def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Pa
         "weight and optimizer value found, equal)"
     ) in back.stdout
     assert "resumed from ckpt-000002.keras: epoch 2 done, optimizer step 8" in back.stdout
+    assert "Epoch 1/3" not in back.stdout
+    seen = {name: set((board / name).glob("events.out.tfevents.*")) for name in ("train", "validation")}
     on_jax = train(run, mnist_npz, framework="jax", epochs=4, **MLP)
     assert on_jax.returncode == 0, on_jax.stdout[-3000:]
     assert "ckpt-000003.keras was written by the tensorflow engine; under jax it loaded whole" in on_jax.stdout
+    assert "resumed from ckpt-000003.keras: epoch 3 done, optimizer step 12" in on_jax.stdout
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert (summary["framework"], summary["global_step"], summary["optimizer_iterations"]) == ("jax", 16, 16)
+    assert summary["steps_this_attempt"] == 4
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3, 4]
+    # The last JAX process's TensorBoard scalars, from its own files (TensorFlow's hold more than scalars).
+    later = {name: sorted(set((board / name).glob("events.out.tfevents.*")) - seen[name]) for name in seen}
+    assert all(later.values()), later
+    assert (3, "epoch_loss") in [(step, tag) for step, tag, _ in read_scalars_all(later["train"])]
+    validation = {(step, tag): value for step, tag, value in read_scalars_all(later["validation"])}
+    assert validation[3, "epoch_accuracy"] == pytest.approx(rows(run / contract.METRICS)[3]["val_accuracy"])
 
 
-def read_scalars_all(directory: Path) -> list[tuple[int, str, float]]:
+def read_scalars_all(paths: list[Path]) -> list[tuple[int, str, float]]:
     out = []
-    for path in sorted(directory.glob("events.out.tfevents.*")):
-        single = directory.parent / f"one-{path.name}"
+    for path in paths:
+        single = path.parent.parent / f"one-{path.parent.name}-{path.name}"
         single.mkdir()
         (single / path.name).symlink_to(path)
         out += read_scalars(single)
