@@ -214,17 +214,7 @@ class Run:
                 verdict.append(found)
             return found is not None
 
-        snapshot = follow(
-            self.storage,
-            self.on_output,
-            num_workers=self.plan.num_workers,
-            interval_s=self.poll_s,
-            tail=self.tail,
-            seen_events=self.seen,
-            on_event=on_event,
-            stop=stop,
-            since=self.since,
-        )
+        snapshot = self._follow(on_event, stop)
         if not verdict:  # follow's own end: every exit record is there
             verdict.append(Verdict.FINISHED)
         if verdict[0] == Verdict.MACHINE_GONE:
@@ -316,26 +306,32 @@ class Run:
         runner's own forced delete waits until the chief's exit record is in (its checkpoint was uploaded before
         it), or grace_s, so as not to cut that save short and lose the steps since the last one."""
 
-        def chief_done(snapshot: Snapshot) -> bool:
-            return any(e.worker == 0 for e in snapshot.exits) or time.monotonic() > deadline
+        def chief_exited(snapshot: Snapshot) -> bool:
+            return any(e.worker == 0 for e in snapshot.exits)
 
         self.say(f"waiting up to {self.grace_s:.0f}s for the workers to stop at one step and worker 0 to save")
         deadline = time.monotonic() + self.grace_s
-        snapshot = follow(
+        last = self._follow(
+            lambda event: _show_event(event, self.say), lambda snap: chief_exited(snap) or time.monotonic() > deadline
+        )
+        if chief_exited(last):
+            self.say("worker 0 has stopped")
+        else:
+            self.say(f"worker 0 did not stop within {self.grace_s:.0f}s: the run resumes from its newest checkpoint")
+
+    def _follow(self, on_event: Callable[[Event], None], stop: Callable[[Snapshot], bool]) -> Snapshot:
+        """Every worker's log and the run's events, shown as they come, until `stop` or every exit record."""
+        return follow(
             self.storage,
             self.on_output,
             num_workers=self.plan.num_workers,
             interval_s=self.poll_s,
             tail=self.tail,
             seen_events=self.seen,
-            on_event=lambda event: _show_event(event, self.say),
-            stop=chief_done,
+            on_event=on_event,
+            stop=stop,
             since=self.since,
         )
-        if any(e.worker == 0 for e in snapshot.exits):
-            self.say("worker 0 has stopped")
-        else:
-            self.say(f"worker 0 did not stop within {self.grace_s:.0f}s: the run resumes from its newest checkpoint")
 
     def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
         """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""

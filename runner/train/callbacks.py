@@ -269,9 +269,9 @@ class Checkpointer(_Callback):
     stop signal arrives: at the next step end mid-epoch, exactly there, then TrainingInterrupted; during an
     epoch's last step or its validation, at that epoch's end, which then runs normally, and fit stops after it.
 
-    With `saves` False it never saves, and stops where the others do. The trainer's own workers all save (saving is
-    collective on both engines): those other than the chief to a scratch store (checkpoints.scratch_dir). With an
-    `agreement` (several processes), stop and save are decided at its points, alike on every process."""
+    Every worker of the trainer saves (saving is collective on both engines): those other than the chief to a
+    scratch store (checkpoints.scratch_dir). With an `agreement` (several processes), stop and save are decided at
+    its points, alike on every process."""
 
     def __init__(
         self,
@@ -283,12 +283,11 @@ class Checkpointer(_Callback):
         data: DataOrder,
         saved_at: Checkpoint | None = None,
         framework: str = "tensorflow",
-        saves: bool = True,
         agreement: Agreement | None = None,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
-        self.keras_impl, self.data, self.framework, self.saves = keras_impl, data, framework, saves
+        self.keras_impl, self.data, self.framework = keras_impl, data, framework
         self.agreement = agreement
         self.stopped = False  # stop_here ran: the stop was decided (agreed, with several processes)
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
@@ -319,9 +318,7 @@ class Checkpointer(_Callback):
         self.stopped = True
         where = describe(self.cursor.position, self.cursor.steps)
         signame = self.stop.name
-        if not self.saves:
-            print(f"[trainer] {signame}: stopped at {where}; not saved here", flush=True)
-        elif self._saved_here():
+        if self._saved_here():
             assert self.newest is not None
             print(
                 f"[trainer] {signame}: {self.newest.file} already holds {where} "
@@ -349,7 +346,7 @@ class Checkpointer(_Callback):
             return  # the epoch's steps are all done: its end (after validation) decides
         if self.agreement is not None and not self.agreement.step():
             return  # not a point where the processes compare notes: every one of them goes on alike
-        stop, save = self.decide(self.saves and self.policy.due_mid_epoch(), mid_epoch=True)
+        stop, save = self.decide(self.policy.due_mid_epoch(), mid_epoch=True)
         if stop:
             self.stop_here()
             raise TrainingInterrupted(self.stop.signum or signal.SIGTERM)
@@ -357,7 +354,7 @@ class Checkpointer(_Callback):
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        stop, save = self.decide(self.saves and self.policy.due_at_epoch_end(epoch + 1))
+        stop, save = self.decide(self.policy.due_at_epoch_end(epoch + 1))
         if stop:
             self.stop_here()
             self.model.stop_training = True
