@@ -110,11 +110,12 @@ def main() -> int:
     for seed, o, b in zip(seeds, ours, base, strict=True):
         # What each arm really ran with, read back in its own process (the plain fit's: Keras' and TensorFlow's
         # defaults as they resolve on this CPU), then why ours chose its precision (a table entry, a calibration's
-        # ms/step, or the cache it came from): on a CPU with native bfloat16 that choice is measured at start-up.
+        # ms/step, or the cache it came from), and its dropout kernel: on a CPU those choices are measured at start-up.
         print(f"settings, seed {seed}, plain fit: {describe_effective(b.settings.get('effective') or {})}")
         print(f"settings, seed {seed}, ours:      {describe_effective(o.settings.get('effective') or {})}")
         reason = o.settings.get("precision_reason")
-        print(f"our precision, seed {seed}: {o.settings.get('precision')}" + (f" ({reason})" if reason else ""))
+        fused = ", dropout fused by XLA" if o.settings.get("dropout") == "xla" else ""
+        print(f"our precision, seed {seed}: {o.settings.get('precision')}{fused}" + (f" ({reason})" if reason else ""))
     for seed, o, b in zip(seeds, ours, base, strict=True):
         accuracies = f"plain fit {b.test_accuracy:.4f}, ours {o.test_accuracy:.4f}"
         print(f"test accuracy after {args.epochs} epochs, seed {seed}: {accuracies}")

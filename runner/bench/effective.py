@@ -83,10 +83,16 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
             "onednn_source": "not TensorFlow",
             "threads": None,
         }
+    from runner.train.fused_dropout import fused_layers
+
+    dropouts = [layer for layer in getattr(model, "layers", []) if isinstance(layer, tf.keras.layers.Dropout)]
+    fused = fused_layers(model)
     return {
         "precision": precision,
         "jit_compile": None if jit is None else bool(jit),
         "steps_per_execution": steps,
+        # Whose kernel draws the dropout masks: XLA's fused one (fused_dropout.py) or Keras' own.
+        "dropout": f"fused by XLA ({fused} of {len(dropouts)} layers)" if fused else "Keras" if dropouts else None,
         "onednn": onednn_enabled(),
         "onednn_source": (
             f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]}" if ONEDNN_ENV in os.environ else "TensorFlow default"
@@ -106,6 +112,7 @@ def describe_effective(settings: Mapping[str, Any]) -> str:
             str(settings.get("precision")),
             "XLA " + ("?" if jit is None else "on" if jit else "off"),
             f"{settings.get('steps_per_execution')} step(s)/execution",
+            *([f"dropout {settings['dropout']}"] if settings.get("dropout") else []),
             f"oneDNN {'?' if onednn is None else 'on' if onednn else 'off'} ({settings.get('onednn_source')})",
             f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})"
             if threads

@@ -217,8 +217,8 @@ class TrainingSpec(_Model):
         "auto",
         description="Keras dtype policy. auto: mixed_bfloat16 on TPU; on a CPU with native bfloat16 "
         "(AVX512-BF16, AMX) whichever of float32 and mixed_bfloat16 a short calibration at start-up measures "
-        "faster for this model and batch (cached); mixed_float16 on GPUs of compute capability 7.0+; float32 "
-        "elsewhere.",
+        "faster for this model and batch (cached; on every CPU it also times the model's dropout in one XLA "
+        "kernel against Keras' own); mixed_float16 on GPUs of compute capability 7.0+; float32 elsewhere.",
     )
 
     @field_validator("checkpoint_every", mode="before")

@@ -11,7 +11,7 @@ Two phases, because TensorFlow reads some settings only once:
     process_environment()       before `import tensorflow`: oneDNN
     configure_threads(tf)       after the import, before the first op: thread pools when a CPU quota is set
     plan = plan_for(kind, ...)  after strategy resolution, before the run's model is built: precision policy
-                                (calibrated on CPUs with native bfloat16), XLA, steps per execution
+                                and dropout kernel (calibrated on CPUs), XLA, steps per execution
 
 $RUNNER_CPU_FLAGS changes the CPU features the choices see (/proc/cpuinfo's flags), so that every path can be
 tested on any machine: "+avx512_bf16,-amx_bf16" adds and removes flags; a list without signs ("avx2,fma")
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.train.models import DROPOUT_MODELS
+
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 CPU_FLAGS_ENV = "RUNNER_CPU_FLAGS"
@@ -48,6 +50,9 @@ CALIBRATION_FILE = "perf-calibration.json"  # in the data cache directory (runne
 # and batch on the shared 2-core Zen 4 differed by up to 0.15x (1.12x and 1.27x at batch 256; 1.30x, 1.30x, 1.31x
 # and once 1.79x at 1024); float32 is the numerically safer policy, so a gain inside that noise buys no switch.
 BF16_MUST_WIN = 1.10
+# A variant's name: its precision policy, with this suffix when its dropout layers draw their masks in one XLA kernel
+# (fused_dropout.py) instead of Keras' own dropout.
+FUSED = "+xla_dropout"
 
 
 def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
@@ -159,11 +164,26 @@ def gpu_capability(tf: Any) -> tuple[int, int] | None:
     return tuple(cc) if cc else None
 
 
-def cpu_candidates(flags: frozenset[str]) -> tuple[str, ...]:
-    """The policies worth timing on a CPU with these flags. Without native bfloat16 only float32: mixed_bfloat16
-    measured 0.21x its examples/s on the AVX2 EPYC (14 interleaved epoch pairs; the conversions cost more than the
-    narrower math saves), so that table entry stands and nothing is calibrated."""
-    return ("float32", "mixed_bfloat16") if has_native_bf16(flags) else ("float32",)
+def cpu_candidates(flags: frozenset[str], requested: str = "auto", fusable: bool = False) -> tuple[str, ...]:
+    """The variants worth timing on a CPU with these flags, the plain one first (the one kept unless another wins).
+
+    Precision: float32 and, with native bfloat16, mixed_bfloat16. Without native bfloat16 only float32:
+    mixed_bfloat16 measured 0.21x its examples/s on the AVX2 EPYC (14 interleaved epoch pairs; the conversions cost
+    more than the narrower math saves), so that table entry stands. A requested precision is the only one.
+    Dropout (`fusable`: the model has dropout layers, Keras 3 on TensorFlow, no XLA for the whole model): each
+    precision with the fused kernel too. On the Zen 4 (mnist_cnn, batch 1024, training steps taking turns, four
+    runs) float32 with it measured 1.01x-1.14x float32 with Keras' dropout, and mixed_bfloat16 with it 1.75x-1.86x
+    (with Keras' dropout 1.24x-1.30x), so where it pays is the calibration's to find, on every CPU."""
+    if requested != "auto":
+        precisions: tuple[str, ...] = (requested,)
+    else:
+        precisions = ("float32", "mixed_bfloat16") if has_native_bf16(flags) else ("float32",)
+    return precisions + tuple(p + FUSED for p in precisions) if fusable else precisions
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """(precision policy, dropout kernel: "keras" or "xla") of a variant's name."""
+    return (variant.removesuffix(FUSED), "xla") if variant.endswith(FUSED) else (variant, "keras")
 
 
 def precision_policy(
@@ -193,16 +213,17 @@ def precision_policy(
 
 
 def pick_from_timings(ms_per_step: Mapping[str, float]) -> str:
-    """float32, unless another policy's step is at least BF16_MUST_WIN times faster; then the fastest of those."""
-    base = ms_per_step["float32"]
-    faster = {p: t for p, t in ms_per_step.items() if p != "float32" and t > 0 and base / t >= BF16_MUST_WIN}
-    return min(faster, key=faster.__getitem__) if faster else "float32"
+    """The first variant (the plain one: float32, or the requested precision, with Keras' dropout), unless another's
+    step is at least BF16_MUST_WIN times faster; then the fastest of those."""
+    plain, base = next(iter(ms_per_step.items()))
+    faster = {v: t for v, t in ms_per_step.items() if v != plain and t > 0 and base / t >= BF16_MUST_WIN}
+    return min(faster, key=faster.__getitem__) if faster else plain
 
 
 def _timings_text(ms_per_step: Mapping[str, float]) -> str:
-    base = ms_per_step["float32"]
-    parts = [f"{p} {t:.1f} ms/step" + (f" ({base / t:.2f}x)" if p != "float32" else "") for p, t in ms_per_step.items()]
-    return ", ".join(parts) + f"; another policy must be {BF16_MUST_WIN:.2f}x float32 to be picked"
+    plain, base = next(iter(ms_per_step.items()))
+    parts = [f"{v} {t:.1f} ms/step" + (f" ({base / t:.2f}x)" if v != plain else "") for v, t in ms_per_step.items()]
+    return ", ".join(parts) + f"; another variant must be {BF16_MUST_WIN:.2f}x {plain} to be picked"
 
 
 @dataclass(frozen=True)
@@ -211,25 +232,28 @@ class PrecisionChoice:
     reason: str  # said on the perf line and kept in summary.json
     source: str  # requested | table | calibrated | cached | uncalibrated | calibration failed
     calibration: dict[str, Any] | None = None  # the cache entry behind a calibrated or cached choice
+    dropout: str = "keras"  # keras | xla (fused_dropout.py)
 
 
 # -- calibration: time the candidate policies on this CPU, for this model and batch -------------------------------
 
 
-def time_precisions(
+def time_variants(
     tf: Any,
     model: str,
     batch_size: int,
-    policies: Sequence[str],
+    variants: Sequence[str],
     *,
     jit_compile: bool | None = None,
     rounds: int = 5,
     round_s: float = 0.25,
 ) -> dict[str, float]:
-    """Median milliseconds per training step of each policy: the run's model at the run's batch on random data,
+    """Median milliseconds per training step of each variant: the run's model at the run's batch on random data,
     each compiled and warmed up first, then `rounds` rounds taking turns (ABBA), each about `round_s` long.
-    On the Zen 4 this costs 4-6 s (mnist_cnn, batch 64 to 1024), once per cache key. Keras' state is cleared
-    afterwards, so the run's own model gets the layer names it would have had without the calibration."""
+    On the Zen 4 this costs 4-6 s for two variants and 7-12 s for four (mnist_cnn, batch 64 to 1024), once per
+    cache key. Keras' state is cleared afterwards, so the run's own model gets the layer names it would have had
+    without the calibration."""
+    from runner.train.fused_dropout import fuse_dropout
     from runner.train.models import INPUT_SHAPE, NUM_CLASSES, build_model
 
     keras = tf.keras
@@ -239,24 +263,27 @@ def time_precisions(
     models: dict[str, Any] = {}
     try:
         step_s = 0.0
-        for policy in policies:
+        for variant in variants:
+            policy, dropout = split_variant(variant)
             keras.mixed_precision.set_global_policy(policy)
-            models[policy] = build_model(model, keras)
+            models[variant] = build_model(model, keras)
+            if dropout == "xla":
+                fuse_dropout(models[variant], tf)
             xla = {} if jit_compile is None else {"jit_compile": jit_compile}
-            models[policy].compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy", **xla)
-            models[policy].train_on_batch(x, y)  # traces and compiles
+            models[variant].compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy", **xla)
+            models[variant].train_on_batch(x, y)  # traces and compiles
             t0 = time.perf_counter()
-            models[policy].train_on_batch(x, y)  # oneDNN creates its primitives on the first real call
+            models[variant].train_on_batch(x, y)  # oneDNN creates its primitives on the first real call
             step_s = max(step_s, time.perf_counter() - t0)
         steps = max(1, min(50, round(round_s / max(step_s, 1e-4))))
-        samples: dict[str, list[float]] = {p: [] for p in policies}
+        samples: dict[str, list[float]] = {v: [] for v in variants}
         for r in range(rounds):
-            for policy in policies if r % 2 == 0 else reversed(policies):
+            for variant in variants if r % 2 == 0 else reversed(variants):
                 t0 = time.perf_counter()
                 for _ in range(steps):
-                    models[policy].train_on_batch(x, y)  # returns numpy values: the step has finished
-                samples[policy].append((time.perf_counter() - t0) / steps * 1e3)
-        return {p: round(statistics.median(samples[p]), 2) for p in policies}
+                    models[variant].train_on_batch(x, y)  # returns numpy values: the step has finished
+                samples[variant].append((time.perf_counter() - t0) / steps * 1e3)
+        return {v: round(statistics.median(samples[v]), 2) for v in variants}
     finally:
         models.clear()
         keras.backend.clear_session()
@@ -313,45 +340,68 @@ def choose_precision(
     capability: tuple[int, int] | None = None,
     requested: str = "auto",
     *,
+    fusable: bool = False,
     calibrate: Calibrator | None = None,
     cache_file: Path | None = None,
     key: str = "",
     now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
 ) -> PrecisionChoice:
-    """The policy and why. Only a CPU with native bfloat16 has a real choice to make; there it is measured
-    (calibrate, cached under key in cache_file) instead of assumed, and float32 stays unless bfloat16 wins."""
+    """The policy, the dropout kernel and why. Only a CPU has a real choice to make (bfloat16 where it is native,
+    the fused dropout where the model has dropout: `fusable`); there it is measured (calibrate, cached under key in
+    cache_file) instead of assumed, and the plain variant stays unless another wins."""
     policy = precision_policy(kind, flags, capability, requested)
-    if requested != "auto":
-        return PrecisionChoice(policy, "requested", "requested")
-    if kind == "tpu":
+    if kind == "tpu" and requested == "auto":
         return PrecisionChoice(policy, "TPU: bfloat16 is the MXU's type", "table")
-    if kind == "gpu":
+    if kind == "gpu" and requested == "auto":
         why = f"compute capability {capability[0]}.{capability[1]}" if capability else "compute capability unknown"
         return PrecisionChoice(policy, f"GPU, {why}", "table")
-    candidates = cpu_candidates(flags)
+    candidates = cpu_candidates(flags, requested, fusable) if kind == "cpu" else (policy,)
     if len(candidates) == 1:
+        if requested != "auto":
+            return PrecisionChoice(policy, "requested", "requested")
         return PrecisionChoice(policy, "no native bfloat16; emulated measured 0.21x on the AVX2 EPYC", "table")
     if calibrate is None:
-        return PrecisionChoice(policy, "native bfloat16, not calibrated (no model and batch given)", "uncalibrated")
+        native = "native bfloat16, " if requested == "auto" and has_native_bf16(flags) else ""
+        return PrecisionChoice(policy, f"{native}not calibrated (no model and batch given)", "uncalibrated")
     cached = read_cache(cache_file).get(key) if cache_file else None
-    if isinstance(cached, dict) and cached.get("precision") in candidates and "ms_per_step" in cached:
+    timings = _cached_timings(cached, candidates)
+    if timings is not None and isinstance(cached, dict):
         when = str(cached.get("measured", "?"))[:10]
-        reason = f"cached from {when}: {_timings_text(cached['ms_per_step'])}"
-        return PrecisionChoice(cached["precision"], reason, "cached", cached)
+        return _choice(cached["variant"], f"cached from {when}: {_timings_text(timings)}", "cached", cached)
     try:
-        timings = {p: float(t) for p, t in calibrate(candidates).items()}
+        timings = {v: float(t) for v, t in calibrate(candidates).items()}
         chosen = pick_from_timings(timings)
-    except Exception as exc:  # a calibration must never stop a run: the safe policy instead
+    except Exception as exc:  # a calibration must never stop a run: the safe variant instead
         return PrecisionChoice(policy, f"calibration failed ({type(exc).__name__}: {exc})", "calibration failed")
     entry = {
-        "precision": chosen,
+        "variant": chosen,
+        "precision": split_variant(chosen)[0],
+        "candidates": list(candidates),
         "ms_per_step": timings,
         "measured": now().isoformat(timespec="seconds"),
         "key": key,
     }
     saved = write_cache(cache_file, key, entry) if cache_file else False
     reason = f"calibrated: {_timings_text(timings)}" + ("" if saved else " (not cached)")
-    return PrecisionChoice(chosen, reason, "calibrated", entry)
+    return _choice(chosen, reason, "calibrated", entry)
+
+
+def _cached_timings(entry: Any, candidates: Sequence[str]) -> dict[str, float] | None:
+    """A cache entry's timings, the plain variant first again (the file's keys are sorted); None when the entry was
+    timed among other candidates (another requested precision, or before a variant existed) or is damaged."""
+    if not isinstance(entry, dict) or entry.get("candidates") != list(candidates):
+        return None
+    if entry.get("variant") not in candidates:
+        return None
+    try:
+        return {v: float(entry["ms_per_step"][v]) for v in candidates}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _choice(variant: str, reason: str, source: str, entry: dict[str, Any]) -> PrecisionChoice:
+    policy, dropout = split_variant(variant)
+    return PrecisionChoice(policy, reason, source, entry, dropout)
 
 
 def jit_compile(kind: str) -> bool | None:
@@ -387,6 +437,7 @@ class PerfPlan:
     precision_source: str = ""  # see PrecisionChoice.source
     calibration: dict[str, Any] | None = None
     cpu_flags_override: str | None = None  # $RUNNER_CPU_FLAGS, when it changed what the choices saw
+    dropout: str = "keras"  # keras | xla: the model's dropout layers draw their masks in one XLA kernel
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -394,6 +445,8 @@ class PerfPlan:
     def describe(self) -> str:
         precision = f"{self.precision} ({self.precision_reason})" if self.precision_reason else self.precision
         parts = [precision, f"XLA {'default' if self.jit_compile is None else self.jit_compile}"]
+        if self.dropout == "xla":
+            parts.append("dropout fused by XLA")
         parts.append(f"{self.steps_per_execution} steps/execution")
         if self.env.get(ONEDNN_ENV) == "1" or os.environ.get(ONEDNN_ENV) == "1":
             parts.append("oneDNN")
@@ -421,9 +474,9 @@ def plan_for(
     cache_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> PerfPlan:
-    """The run's choices. With `model` and `batch_size` (and `tf`), a CPU with native bfloat16 times float32
-    against mixed_bfloat16 for them (time_precisions, cached in the data cache); call it before building the
-    run's model, as the calibration clears Keras' session. `calibrate` and `cache_file` replace those in tests."""
+    """The run's choices. With `model` and `batch_size` (and `tf`), a CPU times the variants it has a choice
+    between for them (cpu_candidates, time_variants; cached in the data cache); call it before building the run's
+    model, as the calibration clears Keras' session. `calibrate` and `cache_file` replace those in tests."""
     environ = os.environ if environ is None else environ
     text = read_cpuinfo() if cpuinfo is None else cpuinfo
     forced = environ.get(CPU_FLAGS_ENV) or None
@@ -431,15 +484,25 @@ def plan_for(
     capability = gpu_capability(tf) if tf is not None and kind == "gpu" else None
     jit = jit_compile(kind) if requested_jit is None else requested_jit
     cpu = cpu_model(text)
+    # The fused kernel replaces Keras 3's Dropout.call; with XLA for the whole model, XLA fuses dropout anyway.
+    keras3 = tf is None or str(getattr(getattr(tf, "keras", None), "__version__", "")).startswith("3")
+    fusable = kind == "cpu" and jit is False and keras3 and model in DROPOUT_MODELS
     key = ""
     if calibrate is None and tf is not None and model and batch_size:
         key = calibration_key(tf, model, batch_size, cpu, jit)
-        calibrate = functools.partial(time_precisions, tf, model, batch_size, jit_compile=jit)
+        calibrate = functools.partial(time_variants, tf, model, batch_size, jit_compile=jit)
         cache_file = cache_file or default_cache_file()
     elif calibrate is not None:
         key = f"{cpu} | {model} | batch {batch_size}"
     choice = choose_precision(
-        kind, flags, capability, requested_precision, calibrate=calibrate, cache_file=cache_file, key=key
+        kind,
+        flags,
+        capability,
+        requested_precision,
+        fusable=fusable,
+        calibrate=calibrate,
+        cache_file=cache_file,
+        key=key,
     )
     return PerfPlan(
         kind=kind,
@@ -454,4 +517,5 @@ def plan_for(
         precision_source=choice.source,
         calibration=choice.calibration,
         cpu_flags_override=forced,
+        dropout=choice.dropout,
     )

@@ -167,6 +167,7 @@ def prepare(
     threads = perf.configure_threads(tf)
     from runner.train.callbacks import Cursor
     from runner.train.data import TrainData, eval_dataset, find_mnist, limit
+    from runner.train.fused_dropout import fuse_dropout
     from runner.train.models import build_model, make_optimizer
     from runner.train.strategy import is_chief, resolve_strategy
 
@@ -228,6 +229,8 @@ def prepare(
                 steps_per_execution=plan.steps_per_execution,
                 **xla,
             )
+        if plan.dropout == "xla":  # on the model built or restored: the choice is this run's, not the checkpoint's
+            fuse_dropout(model, tf)
     epochs_done, step, global_step = position(resumed, model, steps, order)
     chief = is_chief(resolved)
     store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)

@@ -40,8 +40,9 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
             contract.RUN_ID: "t",
             contract.TRAINING: cfg.model_dump_json(),
             contract.DATA_DIR: str(mnist_npz.parent),
-            # The same choices on every CPU: as one without native bfloat16, so no start-up calibration picks a
-            # precision from this machine's timings (tests/bench and the perf tests cover both paths).
+            # The same precision on every CPU: as one without native bfloat16, so no start-up calibration picks it
+            # from this machine's timings (tests/bench and the perf tests cover both paths). The CNN's dropout
+            # kernel is still timed; the first test runs both kernels.
             CPU_FLAGS_ENV: NO_NATIVE_BF16,
         }
     )
@@ -65,9 +66,16 @@ def rows(path: Path) -> list[dict]:
 
 def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path) -> None:
     run = tmp_path / "run"
-    first = train(run, mnist_npz, epochs=1)
+    data = tmp_path / "data"  # a data cache of its own, so that its calibration can be edited
+    data.mkdir()
+    (data / mnist_npz.name).symlink_to(mnist_npz)
+    first = train(run, data / mnist_npz.name, epochs=1)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DefaultStrategy on CPU, 1 replica" in first.stdout
+    # The CNN's dropout kernel was timed on this CPU (Keras' own against one XLA kernel) and the faster one kept.
+    perf_one = json.loads((run / contract.SUMMARY).read_text())["perf"]
+    assert perf_one["precision_source"] == "calibrated"
+    assert perf_one["calibration"]["candidates"] == ["float32", "float32+xla_dropout"]
     (m1,) = rows(run / contract.METRICS)
     assert m1["epoch"] == 1 and m1["examples_per_s"] > 0 and 0 <= m1["val_accuracy"] <= 1
     (entry,) = read_manifest(run / contract.CHECKPOINTS)
@@ -78,9 +86,16 @@ def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path)
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert summary["strategy"]["replicas"] == 1 and summary["train_examples"] == 512
 
-    # Same run directory, more epochs: continues from the checkpoint (epoch and optimizer state).
-    second = train(run, mnist_npz, epochs=3)
+    # Same run directory, more epochs: continues from the checkpoint (epoch and optimizer state), under the other
+    # dropout kernel (the cached choice flipped): a checkpoint is plain Keras whichever kernel wrote it.
+    cache = data / "perf-calibration.json"
+    entries = json.loads(cache.read_text())
+    other, kernel = ("float32", "keras") if perf_one["dropout"] == "xla" else ("float32+xla_dropout", "xla")
+    cache.write_text(json.dumps({key: {**entry, "variant": other} for key, entry in entries.items()}))
+    second = train(run, data / mnist_npz.name, epochs=3)
     assert second.returncode == 0, second.stdout[-3000:]
+    perf_two = json.loads((run / contract.SUMMARY).read_text())["perf"]
+    assert (perf_two["precision_source"], perf_two["dropout"]) == ("cached", kernel)
     assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
     assert "Epoch 1/3" not in second.stdout
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
