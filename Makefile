@@ -12,6 +12,9 @@ RUNNER := $(VENV)/bin/runner
 STAMP := $(VENV)/.installed-stamp
 JOB ?= jobs/mnist.yaml
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): many tests wait on emulated operations, heartbeats and subprocesses, so two share
+# two cores well (the suite: 11 min 31 s with 2, 17 min 55 s with 1, on 2 cores). 0 runs it in this process.
+PYTEST_WORKERS ?= 2
 
 include mk/image.mk
 
@@ -42,10 +45,10 @@ local-run: data  ## train the default job on this machine (CPU, or GPU if there 
 	$(RUNNER) submit $(JOB) --local
 
 test: data lint browser  ## lint, then the whole test suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones
-	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m 'not slow' $(PYTEST_ARGS)
 
 faults: data  ## fault-injection suite on the TPU + Cloud Storage emulators; prints one table (FAULTS_ARGS=--only NAME)
 	$(PY) -m faults $(FAULTS_ARGS)
