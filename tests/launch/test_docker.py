@@ -36,7 +36,8 @@ def _load(path: Path, name: str):  # type: ignore[no-untyped-def]
 image_requirements = _load(REPO / "docker" / "requirements.py", "image_requirements")  # what the image build runs
 
 BIN = Path(sys.executable).parent
-SKIP_DIRS = {".venv", ".git", "runs", ".pytest_cache", ".ruff_cache", "node_modules"}
+# build/ and dist/ hold copies the wheel build makes (tests/launch/test_wheel.py): each file is checked once, here.
+SKIP_DIRS = {".venv", ".git", "runs", ".pytest_cache", ".ruff_cache", "node_modules", "build", "dist"}
 
 
 def repo_files(match: re.Pattern[str]) -> list[Path]:
