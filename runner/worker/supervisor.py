@@ -40,6 +40,8 @@ from runner.watch.state import RunState
 from runner.worker.mirror import Mirror, checkpoint_keep
 
 TAIL_LINES = 30
+# Seconds of the stop grace kept for what follows the job's end: reaping it, the exit record, the last push to storage.
+FINISH_RESERVE_S = 5.0
 EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
 
 
@@ -62,6 +64,10 @@ class Supervisor:
         self.heartbeat_s = float(environ.get(contract.HEARTBEAT_S, "10"))
         self.sync_s = float(environ.get(contract.SYNC_S, "5"))
         self.grace_s = float(environ.get(contract.GRACE_S, "30"))
+        # Whoever sent the SIGTERM (the runner, `docker stop`, a Spot VM's preemption) kills the whole group when the
+        # same grace ends, so the job gets the grace less what this process needs after it: without the reserve, a
+        # job that used all of it (one stuck in a collective with a dead peer) took the exit record down with it.
+        self.job_grace_s = max(min(1.0, self.grace_s), self.grace_s - FINISH_RESERVE_S)
         max_runtime = environ.get(contract.MAX_RUNTIME_S)
         self.max_runtime_s = float(max_runtime) if max_runtime else None
         submitter = environ.get(contract.SUBMITTER_TIMEOUT_S)
@@ -224,7 +230,7 @@ class Supervisor:
             return
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(self.grace_s)
+            proc.wait(self.job_grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -181,6 +182,34 @@ def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:
     assert proc.wait(30) == 0
     assert marker.read_text() == "1"
     assert exit_record(run_dir)["state"] == "cancelled"
+
+
+def test_a_job_that_ignores_sigterm_still_leaves_an_exit_record_before_the_group_is_killed(tmp_path: Path) -> None:
+    """As the runner, `docker stop` and a Spot preemption do: SIGTERM to the whole group, SIGKILL when the same grace
+    ends. A job stuck past it (in a collective with a dead peer, say) is killed by the supervisor first, and the
+    supervisor records the stop before its own end."""
+    run_dir = str(tmp_path / "run")
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    script += "time.sleep(60)"
+    grace = 6.0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(run_dir, [sys.executable, "-c", script], **{contract.GRACE_S: str(grace)}),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as each worker has
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    record = exit_record(run_dir)
+    assert record["state"] == "cancelled" and record["exit_code"] == 137  # the job was killed, and that is recorded
 
 
 def test_entrypoint_without_contract_explains_itself() -> None:
