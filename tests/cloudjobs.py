@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.storage import open_storage
+from runner.storage import Storage, open_storage
 
 IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 
@@ -44,3 +47,26 @@ def events(run_dir: str) -> list[dict[str, Any]]:
     for info in store.list("events/"):
         out += [json.loads(line) for line in (store.read_bytes(info.key) or b"").splitlines()]
     return sorted(out, key=lambda e: e["time"])
+
+
+def preempt_when(
+    cloud: Any, ready: Callable[[Any, Storage], bool], timeout_s: float, poll_s: float = 0.2
+) -> tuple[threading.Thread, list[Any]]:
+    """Start a thread that preempts the first READY node whose VM has its run directory and for which
+    `ready(node, run_dir_storage)` holds, once, within timeout_s; returns the thread and the list it appends the
+    preemption's result to (empty: no node was ever ready)."""
+    preempted: list[Any] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node in cloud.nodes():
+                run_dir = node.metadata.get("tpu-runner-run-dir")
+                if node.state == "READY" and run_dir and ready(node, open_storage(run_dir)):
+                    preempted.append(cloud.preempt(node.node_id))
+                    return
+            time.sleep(poll_s)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, preempted

@@ -83,10 +83,9 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
             "onednn_source": "not TensorFlow",
             "threads": None,
         }
-    from runner.train.fused_dropout import fused_layers
+    from runner.train.fused_dropout import dropout_layers, fused_layers
 
-    dropouts = [layer for layer in getattr(model, "layers", []) if isinstance(layer, tf.keras.layers.Dropout)]
-    fused = fused_layers(model)
+    dropouts, fused = dropout_layers(model, tf), fused_layers(model, tf)
     return {
         "precision": precision,
         "jit_compile": None if jit is None else bool(jit),

@@ -41,12 +41,23 @@ def make_dropout(tf: Any, rate: float) -> Any:
     return dropout
 
 
+def dropout_layers(model: Any, tf: Any) -> list[Any]:
+    """The model's keras.layers.Dropout layers, nested ones too."""
+    found, stack = [], [model]
+    while stack:
+        layer = stack.pop()
+        if isinstance(layer, tf.keras.layers.Dropout):
+            found.append(layer)
+        stack.extend(getattr(layer, "layers", []) or [])
+    return found
+
+
 def fuse_dropout(model: Any, tf: Any) -> int:
-    """Make every keras.layers.Dropout of `model` (nested ones too) draw its mask with the fused kernel; returns how
-    many layers changed. Call before the model's first fit or train_on_batch, which trace the step."""
+    """Make every Dropout layer of `model` draw its mask with the fused kernel; returns how many layers changed.
+    Call before the model's first fit or train_on_batch, which trace the step."""
     changed = 0
-    for layer in _layers(model):
-        if not isinstance(layer, tf.keras.layers.Dropout) or layer.noise_shape is not None or not 0 < layer.rate < 1:
+    for layer in dropout_layers(model, tf):
+        if layer.noise_shape is not None or not 0 < layer.rate < 1:
             continue  # a noise_shape shares the mask across axes, which Keras' own kernel does
         # An instance attribute, not a subclass: what the model saves stays a plain Dropout layer.
         object.__setattr__(layer, "call", _FusedCall(layer, tf))
@@ -68,15 +79,6 @@ class _FusedCall:
         return self.dropout(inputs, self.tf.cast(self.tf.math.floormod(seed, 2**31 - 1), self.tf.int32))
 
 
-def fused_layers(model: Any) -> int:
-    """How many of the model's layers draw their dropout masks with the fused kernel."""
-    return sum(1 for layer in _layers(model) if isinstance(vars(layer).get("call"), _FusedCall))
-
-
-def _layers(model: Any) -> list[Any]:
-    found, stack = [], [model]
-    while stack:
-        layer = stack.pop()
-        found.append(layer)
-        stack.extend(getattr(layer, "layers", []) or [])
-    return found
+def fused_layers(model: Any, tf: Any) -> int:
+    """How many of the model's Dropout layers draw their masks with the fused kernel."""
+    return sum(1 for layer in dropout_layers(model, tf) if isinstance(vars(layer).get("call"), _FusedCall))

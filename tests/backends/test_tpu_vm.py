@@ -16,7 +16,7 @@ from faults import measure
 from runner.cli import app
 from runner.plan import catalog
 from runner.storage import open_storage
-from tests.cloudjobs import IMAGE, events, job, run_id_of, submit
+from tests.cloudjobs import IMAGE, events, job, preempt_when, run_id_of, submit
 
 
 @pytest.mark.slow
@@ -262,22 +262,9 @@ def test_a_preemption_past_the_retry_limit_ends_the_run_failed(cloud, tmp_path: 
         name="spot-out",
     )
     spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
-    preempted: list[str] = []
-
-    def preempt_once_running() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for node in cloud.nodes():
-                run_dir = node.metadata.get("tpu-runner-run-dir")
-                if node.state == "READY" and run_dir and open_storage(run_dir).read_bytes("heartbeat"):
-                    preempted.append(cloud.preempt(node.node_id))
-                    return
-            time.sleep(0.3)
-
-    import threading
-
-    thread = threading.Thread(target=preempt_once_running, daemon=True)
-    thread.start()
+    thread, preempted = preempt_when(
+        cloud, lambda _node, store: bool(store.read_bytes("heartbeat")), timeout_s=60, poll_s=0.3
+    )
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "the node was never preempted"

@@ -5,17 +5,15 @@ through the MEGASCALE_* variables, one preempted slice restarting every slice.""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.storage import open_storage
+from runner.storage import Storage, open_storage
 from tests.backends.test_tpu_vm_queued import api_calls, timeline
-from tests.cloudjobs import IMAGE, run_id_of, submit
+from tests.cloudjobs import IMAGE, preempt_when, run_id_of, submit
 
 PRINT_ENV = (
     "import os\\ne = os.environ\\nprint('worker', e['RUNNER_WORKER_ID'], 'of', e['RUNNER_NUM_WORKERS'], 'slice', "
@@ -70,21 +68,9 @@ def test_two_slices_run_four_workers_told_their_slice_and_go_once(cloud, tmp_pat
 def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
     script = PRINT_ENV + "import time\\nfor i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
     spec = multislice_job(tmp_path, bucket_url, script, extra=", spot: true")
-    preempted: list[Any] = []
-
-    def preempt_slice_1_once_all_run() -> None:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not preempted:
-            for node in cloud.nodes():
-                run_dir = node.metadata.get("tpu-runner-run-dir")
-                ready = node.node_id.endswith("-1") and node.state == "READY" and run_dir
-                if ready and len(open_storage(run_dir).list("heartbeats/")) == 4:
-                    preempted.append(cloud.preempt(node.node_id))
-                    return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=preempt_slice_1_once_all_run, daemon=True)
-    thread.start()
+    thread, preempted = preempt_when(
+        cloud, lambda node, store: node.node_id.endswith("-1") and len(store.list("heartbeats/")) == 4, timeout_s=90
+    )
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "slice 1 was never preempted"
@@ -119,23 +105,12 @@ def test_a_jax_job_on_two_slices_trains_as_one_cluster_and_a_preempted_slice_los
     # 10 s from SIGTERM to SIGKILL, as the fault suite gives (a Spot VM really gets 30 s), not the fixture's 3 s: on a
     # loaded machine worker 0's stop checkpoint and exit record took longer than 3 s to reach the bucket.
     cloud.vm_grace_s = 10.0
-    preempted: list[Any] = []
 
-    def preempt_slice_1_mid_epoch() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not preempted:
-            for node in cloud.nodes():
-                run_dir = node.metadata.get("tpu-runner-run-dir")
-                if not (node.node_id.endswith("-1") and node.state == "READY" and run_dir):
-                    continue
-                raw = open_storage(run_dir).read_bytes("progress.json")
-                if raw and 0 < json.loads(raw).get("step", 0) < steps // 2:
-                    preempted.append(cloud.preempt(node.node_id))
-                    return
-            time.sleep(0.1)
+    def mid_epoch(node: Any, store: Storage) -> bool:
+        raw = node.node_id.endswith("-1") and store.read_bytes("progress.json")
+        return bool(raw) and 0 < json.loads(raw or b"{}").get("step", 0) < steps // 2
 
-    thread = threading.Thread(target=preempt_slice_1_mid_epoch, daemon=True)
-    thread.start()
+    thread, preempted = preempt_when(cloud, mid_epoch, timeout_s=240, poll_s=0.1)
     result = submit(str(path))
     thread.join(5)
     print("\n".join(line for line in result.output.splitlines() if "SIGTERM" in line or "worker 0 " in line))

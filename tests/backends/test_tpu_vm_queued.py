@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.storage import open_storage
-from tests.cloudjobs import IMAGE, events, job, run_id_of, submit
+from tests.cloudjobs import IMAGE, events, job, preempt_when, run_id_of, submit
 from tests.conftest import FAST_TIMINGS
 
 QUEUED = ", provisioning: queued"
@@ -208,20 +208,7 @@ def test_a_suspended_queued_resource_is_deleted_and_created_again(cloud, tmp_pat
     which is a preemption: deleted and created again (retries.preemptions), and the job runs again."""
     script = "import time\\nfor i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
     spec = job(tmp_path, bucket_url, f'command: [python, -c, "{script}"]\n', accelerator=QUEUED + ", spot: true")
-    preempted: list[str] = []
-
-    def preempt_once_running() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not preempted:
-            for node in cloud.nodes():
-                run_dir = node.metadata.get("tpu-runner-run-dir")
-                if node.state == "READY" and run_dir and open_storage(run_dir).read_bytes("heartbeat"):
-                    preempted.append(cloud.preempt(node.node_id))
-                    return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=preempt_once_running, daemon=True)
-    thread.start()
+    thread, preempted = preempt_when(cloud, lambda _node, store: bool(store.read_bytes("heartbeat")), timeout_s=60)
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "the node was never preempted"
