@@ -19,10 +19,13 @@ One process (no TF_CONFIG cluster, one JAX process) decides alone: no collective
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
+
+from runner import contract
 
 TARGET_S = 1.0  # aimed-at time between two mid-epoch agreement points
 MAX_EVERY = 10_000  # steps
@@ -66,6 +69,16 @@ class Agreement:
         return bool(stops), bool(saves)
 
 
+def broadcast(
+    values: list[int], reduce_sum: Callable[[list[int]], list[int]], chief: bool, copies: int = 1
+) -> list[int]:
+    """The chief's `values` (non-negative integers) on every process: the others add zeros to one reduce_sum.
+    `copies`: how many times each process's list enters the sum (MultiWorkerMirroredStrategy adds one per local
+    replica)."""
+    total = reduce_sum(list(values) if chief else [0] * len(values))
+    return [v // copies for v in total]
+
+
 def jax_sum(values: list[int]) -> list[int]:
     """The sum over JAX processes (an all-gather of a few int32s through jax.distributed's collectives)."""
     import numpy as np
@@ -86,13 +99,21 @@ def tensorflow_sum(strategy: Any) -> Callable[[list[int]], list[int]]:
     return reduce_sum
 
 
-def for_run(framework: str, resolved: Any) -> Agreement | None:
-    """The Agreement of a multi-process run (JAX processes, or MultiWorkerMirroredStrategy workers); None for one
-    process. MultiWorkerMirroredStrategy sums over replicas: a worker with several counts as that many, alike."""
+def collective(framework: str, resolved: Any) -> tuple[Callable[[list[int]], list[int]], int, int] | None:
+    """(reduce_sum, processes, copies) of a multi-process run (JAX processes, or MultiWorkerMirroredStrategy
+    workers); None for one process. MultiWorkerMirroredStrategy sums over replicas: a worker with several counts
+    as that many (`copies`), alike on every worker."""
     if framework == "jax":
-        return Agreement(jax_sum, resolved.processes) if resolved.processes > 1 else None
+        return (jax_sum, resolved.processes, 1) if resolved.processes > 1 else None
     from runner.train.strategy import multi_worker
 
     if not multi_worker() or resolved.name != "MultiWorkerMirroredStrategy":
         return None
-    return Agreement(tensorflow_sum(resolved.strategy), resolved.replicas)
+    workers = max(1, int(os.environ.get(contract.NUM_WORKERS) or 1))
+    return tensorflow_sum(resolved.strategy), resolved.replicas, max(1, resolved.replicas // workers)
+
+
+def for_run(framework: str, resolved: Any) -> Agreement | None:
+    """The Agreement of a multi-process run; None for one process."""
+    found = collective(framework, resolved)
+    return Agreement(found[0], found[1]) if found else None

@@ -115,6 +115,7 @@ def prepare(cfg: TrainingSpec, ctx: contract.JobContext, milestones: Milestones 
         )
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc
+    plan = trainer.one_choice(plan, "jax", resolved, resolved.is_chief)
     _say(f"[trainer] perf: {plan.describe()}")
     share = {"process": resolved.process_index, "processes": resolved.processes}
     train_data = npdata.TrainData(keras, data.x_train, data.y_train, cfg.batch_size, cfg.seed, **share)

@@ -33,7 +33,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,18 +212,50 @@ def precision_policy(
     return "float32"
 
 
-def pick_from_timings(ms_per_step: Mapping[str, float]) -> str:
+Timings = Mapping[str, "float | Sequence[float]"]  # ms per step of each variant: one figure, or every round's
+
+
+def _rounds(value: float | Sequence[float]) -> list[float]:
+    return [float(value)] if isinstance(value, int | float) else [float(v) for v in value]
+
+
+def _median(value: float | Sequence[float]) -> float:
+    return statistics.median(_rounds(value))
+
+
+def clear_of(rounds: float | Sequence[float], plain: float | Sequence[float]) -> bool:
+    """Whether every round of a variant was faster than every round of the plain one: a gain the timing can tell
+    from its own noise. A single figure (no rounds to compare) counts as clear."""
+    mine, theirs = _rounds(rounds), _rounds(plain)
+    return len(mine) < 2 or len(theirs) < 2 or max(mine) < min(theirs)
+
+
+def pick_from_timings(ms_per_step: Timings) -> str:
     """The first variant (the plain one: float32, or the requested precision, with Keras' dropout), unless another's
-    step is at least BF16_MUST_WIN times faster; then the fastest of those."""
+    step is at least BF16_MUST_WIN times faster and every one of its rounds beat every round of the plain one (a
+    gain inside the rounds' spread is noise: on a busy machine two workers timing at once measured 1.44x and 0.32x
+    for the same variants); then the fastest of those."""
     plain, base = next(iter(ms_per_step.items()))
-    faster = {v: t for v, t in ms_per_step.items() if v != plain and t > 0 and base / t >= BF16_MUST_WIN}
+    faster = {
+        v: _median(t)
+        for v, t in ms_per_step.items()
+        if v != plain and _median(t) > 0 and _median(base) / _median(t) >= BF16_MUST_WIN and clear_of(t, base)
+    }
     return min(faster, key=faster.__getitem__) if faster else plain
 
 
-def _timings_text(ms_per_step: Mapping[str, float]) -> str:
+def _timings_text(ms_per_step: Timings) -> str:
     plain, base = next(iter(ms_per_step.items()))
-    parts = [f"{v} {t:.1f} ms/step" + (f" ({base / t:.2f}x)" if v != plain else "") for v, t in ms_per_step.items()]
-    return ", ".join(parts) + f"; another variant must be {BF16_MUST_WIN:.2f}x {plain} to be picked"
+    parts = []
+    for v, t in ms_per_step.items():
+        text = f"{v} {_median(t):.1f} ms/step"
+        if v != plain:
+            ratio = _median(base) / _median(t)
+            noise = ratio >= BF16_MUST_WIN and not clear_of(t, base)
+            text += f" ({ratio:.2f}x" + (", inside the noise)" if noise else ")")
+        parts.append(text)
+    rule = f"another variant must be {BF16_MUST_WIN:.2f}x {plain}, clear of the noise, to be picked"
+    return ", ".join(parts) + "; " + rule
 
 
 @dataclass(frozen=True)
@@ -247,9 +279,10 @@ def time_variants(
     jit_compile: bool | None = None,
     rounds: int = 5,
     round_s: float = 0.25,
-) -> dict[str, float]:
-    """Median milliseconds per training step of each variant: the run's model at the run's batch on random data,
-    each compiled and warmed up first, then `rounds` rounds taking turns (ABBA), each about `round_s` long.
+) -> dict[str, list[float]]:
+    """Milliseconds per training step of each variant, one figure per round: the run's model at the run's batch on
+    random data, each compiled and warmed up first, then `rounds` rounds taking turns (ABBA), each about `round_s`
+    long; every round's figure is returned, so that a choice can tell a gain from the noise between rounds.
     On the Zen 4 this costs 4-6 s for two variants and 7-12 s for four (mnist_cnn, batch 64 to 1024), once per
     cache key. Keras' state is cleared afterwards, so the run's own model gets the layer names it would have had
     without the calibration."""
@@ -283,7 +316,7 @@ def time_variants(
                 for _ in range(steps):
                     models[variant].train_on_batch(x, y)  # returns numpy values: the step has finished
                 samples[variant].append((time.perf_counter() - t0) / steps * 1e3)
-        return {v: round(statistics.median(samples[v]), 2) for v in variants}
+        return {v: [round(t, 2) for t in samples[v]] for v in variants}
     finally:
         models.clear()
         keras.backend.clear_session()
@@ -331,7 +364,7 @@ def write_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
     return True
 
 
-Calibrator = Callable[[Sequence[str]], Mapping[str, float]]
+Calibrator = Callable[[Sequence[str]], Timings]
 
 
 def choose_precision(
@@ -364,12 +397,14 @@ def choose_precision(
         native = "native bfloat16, " if requested == "auto" and has_native_bf16(flags) else ""
         return PrecisionChoice(policy, f"{native}not calibrated (no model and batch given)", "uncalibrated")
     cached = read_cache(cache_file).get(key) if cache_file else None
-    timings = _cached_timings(cached, candidates)
-    if timings is not None and isinstance(cached, dict):
+    rounds = _cached_timings(cached, candidates)
+    if rounds is not None and isinstance(cached, dict):
         when = str(cached.get("measured", "?"))[:10]
-        return _choice(cached["variant"], f"cached from {when}: {_timings_text(timings)}", "cached", cached)
+        # Chosen again from the rounds, so that an entry always obeys the rule in force.
+        variant = pick_from_timings(rounds)
+        return _choice(variant, f"cached from {when}: {_timings_text(rounds)}", "cached", cached)
     try:
-        timings = {v: float(t) for v, t in calibrate(candidates).items()}
+        timings: dict[str, list[float]] = {v: _rounds(t) for v, t in calibrate(candidates).items()}
         chosen = pick_from_timings(timings)
     except Exception as exc:  # a calibration must never stop a run: the safe variant instead
         return PrecisionChoice(policy, f"calibration failed ({type(exc).__name__}: {exc})", "calibration failed")
@@ -377,7 +412,8 @@ def choose_precision(
         "variant": chosen,
         "precision": split_variant(chosen)[0],
         "candidates": list(candidates),
-        "ms_per_step": timings,
+        "ms_per_step": {v: round(_median(t), 2) for v, t in timings.items()},
+        "rounds_ms": timings,
         "measured": now().isoformat(timespec="seconds"),
         "key": key,
     }
@@ -386,17 +422,19 @@ def choose_precision(
     return _choice(chosen, reason, "calibrated", entry)
 
 
-def _cached_timings(entry: Any, candidates: Sequence[str]) -> dict[str, float] | None:
-    """A cache entry's timings, the plain variant first again (the file's keys are sorted); None when the entry was
-    timed among other candidates (another requested precision, or before a variant existed) or is damaged."""
+def _cached_timings(entry: Any, candidates: Sequence[str]) -> dict[str, list[float]] | None:
+    """A cache entry's rounds, the plain variant first again (the file's keys are sorted); None when the entry was
+    timed among other candidates (another requested precision, or before a variant existed), keeps no rounds (an
+    older entry, chosen without the noise rule) or is damaged."""
     if not isinstance(entry, dict) or entry.get("candidates") != list(candidates):
         return None
     if entry.get("variant") not in candidates:
         return None
     try:
-        return {v: float(entry["ms_per_step"][v]) for v in candidates}
+        timings = {v: _rounds(entry["rounds_ms"][v]) for v in candidates}
     except (KeyError, TypeError, ValueError):
         return None
+    return timings if all(timings.values()) else None
 
 
 def _choice(variant: str, reason: str, source: str, entry: dict[str, Any]) -> PrecisionChoice:
@@ -519,3 +557,38 @@ def plan_for(
         cpu_flags_override=forced,
         dropout=choice.dropout,
     )
+
+
+# -- one choice per run ------------------------------------------------------------------------------------------
+
+_DROPOUT = ("keras", "xla")
+_JIT = (None, False, True)
+
+
+def run_choices(plan: Any) -> list[int]:
+    """What changes the numerics or the collectives of a perf plan (PerfPlan, or the JAX engine's), as the small
+    non-negative integers agreement.broadcast carries: precision, dropout kernel, steps per execution, XLA."""
+    return [
+        PRECISIONS.index(plan.precision),
+        _DROPOUT.index(getattr(plan, "dropout", "keras")),
+        int(plan.steps_per_execution),
+        _JIT.index(getattr(plan, "jit_compile", None)),
+    ]
+
+
+def adopt_choices(plan: Any, chosen: Sequence[int]) -> Any:
+    """`plan` with the chief's run_choices: every worker of a run computes in the same precision with the same
+    kernels (two workers that chose apart aborted the first all-reduce: "expected data_type 1 but got data_type 9"),
+    however differently its own machine or its own timing would have chosen."""
+    precision, dropout, steps, jit = chosen
+    values = {
+        "precision": PRECISIONS[precision],
+        "dropout": _DROPOUT[dropout],
+        "steps_per_execution": steps,
+        "jit_compile": _JIT[jit],
+        "precision_reason": "worker 0's choice for the run",
+        "precision_source": "worker 0",
+        "calibration": None,
+    }
+    own = {f.name for f in fields(plan)}
+    return replace(plan, **{k: v for k, v in values.items() if k in own})

@@ -141,6 +141,20 @@ def position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder
     return epochs_done, step, global_step
 
 
+def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
+    """The chief's perf choices on every process of a multi-process run (each would otherwise decide for itself,
+    from its own timing on a shared machine, and the collectives would fail on mixed dtypes); `plan` unchanged for
+    one process."""
+    from runner.train import agreement
+
+    shared = agreement.collective(framework, resolved)
+    if shared is None:
+        return plan
+    reduce_sum, _processes, copies = shared
+    chosen = agreement.broadcast(perf.run_choices(plan), reduce_sum, chief, copies)
+    return plan if chief else perf.adopt_choices(plan, chosen)
+
+
 def prepare(
     cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None, milestones: Milestones | None = None
 ) -> Prepared:
@@ -188,6 +202,7 @@ def prepare(
         f"[trainer] data: {source}: {len(data.x_train)} train, {len(data.x_test)} test; global batch "
         f"{cfg.batch_size} = {cfg.batch_size // replicas} per replica x {replicas}; {steps} steps/epoch"
     )
+    chief = is_chief(resolved)
     try:
         plan = perf.plan_for(
             resolved.kind,
@@ -198,11 +213,13 @@ def prepare(
             requested_jit=jit_compile,
             env=env,
             threads=threads,
-            model=cfg.model,
+            # Only the chief times the variants: the run's choice is one, and every worker takes it (below).
+            model=cfg.model if chief else None,
             batch_size=cfg.batch_size,
         )
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc
+    plan = one_choice(plan, "tensorflow", resolved, chief)
     _say(f"[trainer] perf: {plan.describe()}")
     keras.utils.set_random_seed(cfg.seed)
     train_data = TrainData(data.x_train, data.y_train, cfg.batch_size, cfg.seed)
@@ -232,7 +249,6 @@ def prepare(
         if plan.dropout == "xla":  # on the model built or restored: the choice is this run's, not the checkpoint's
             fuse_dropout(model, tf)
     epochs_done, step, global_step = position(resumed, model, steps, order)
-    chief = is_chief(resolved)
     store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
     store.history = chooser.history_for(resumed) if chief else []
     return Prepared(

@@ -157,6 +157,30 @@ def test_two_workers_train_to_the_same_accuracy_as_one(
     assert "[worker 1]" in two.stdout  # every worker's log, prefixed
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", ["+avx512_bf16,+amx_bf16", "-avx512_bf16,-amx_bf16,-bf16"])
+def test_every_worker_trains_in_the_precision_the_chief_chose(
+    tmp_path: Path, runner_home: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch, flags: str
+) -> None:
+    """Both ways of a CPU (with native bfloat16, where the chief calibrates, and without): one choice per run, the
+    chief's, taken by every worker whatever its own timing would have said; the all-reduces then agree on dtypes.
+    The flags as this machine has them are the test above."""
+    monkeypatch.setenv("RUNNER_CPU_FLAGS", flags)
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(mnist_npz.parent))
+    job = training_job(tmp_path, "tensorflow", epochs=1, train=6144)
+    result = submit(job, "--workers", "2", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = Path(records(runner_home)[-1].run_dir)
+    perf_lines = [_log(run_dir, w).split("[trainer] perf: ", 1)[1].splitlines()[0] for w in (0, 1)]
+    chief, other = perf_lines
+    assert "worker 0's choice for the run" in other, perf_lines
+    assert chief.split(" (")[0] == other.split(" (")[0]  # the same precision policy
+    if flags.startswith("+"):
+        assert "calibrated" in chief or "cached" in chief, chief  # native bfloat16: the chief measured
+    summary = summary_of(str(run_dir))
+    assert summary["perf"]["precision"] == chief.split(" (")[0]  # type: ignore[index]
+
+
 def children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
