@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
 
-    from runner.train.jax_engine import keep_tensorflow_out
+    from runner.train.engines.jax import keep_tensorflow_out
 
     keep_tensorflow_out()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -83,17 +83,17 @@ class BaselineArm:
         import numpy as np
 
         from runner.bench.effective import effective_settings
-        from runner.train.data import find_mnist, limit
+        from runner.datasets import find_arrays
         from runner.train.models import build_model, make_optimizer
 
         tf, keras, versions = _engine(spec.framework)
-        data, _ = find_mnist(spec.data, keras)
-        data = limit(data, spec.examples, spec.test_examples)
+        data, _ = find_arrays(spec.data, keras)
+        train, test = slice(spec.examples), slice(spec.test_examples)
         # The notebook's preprocessing: float32 in [0, 1], a channel axis, integer labels.
-        self.x = (data.x_train.astype(np.float32) / 255.0)[..., np.newaxis]
-        self.y = data.y_train.astype(np.int32)
-        self.x_test = (data.x_test.astype(np.float32) / 255.0)[..., np.newaxis]
-        self.y_test = data.y_test.astype(np.int32)
+        self.x = (data.x_train[train].astype(np.float32) / 255.0)[..., np.newaxis]
+        self.y = data.y_train[train].astype(np.int32)
+        self.x_test = (data.x_test[test].astype(np.float32) / 255.0)[..., np.newaxis]
+        self.y_test = data.y_test[test].astype(np.int32)
         self.spec, self.epoch_index = spec, 0
         keras.utils.set_random_seed(spec.seed)
         keras.mixed_precision.set_global_policy("float32")
@@ -229,7 +229,7 @@ def _engine(framework: str) -> tuple[Any, Any, dict[str, str]]:
     os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras under Keras 3 follows it: never JAX in this arm
     import tensorflow as tf
 
-    from runner.train.trainer import keras_version
+    from runner.train.engines.tensorflow import keras_version
 
     return tf, tf.keras, {"engine": f"TensorFlow {tf.__version__}", "keras": keras_version()}
 
@@ -249,7 +249,7 @@ def serve(conn: Any, spec: dict[str, Any], log_path: str) -> None:
         for key in TRAINER_ENV:
             os.environ.pop(key, None)
     if arm_spec.framework == "jax":  # as the trainer's own process runs (Keras' optional TensorFlow probes find none)
-        from runner.train.jax_engine import keep_tensorflow_out
+        from runner.train.engines.jax import keep_tensorflow_out
 
         keep_tensorflow_out()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

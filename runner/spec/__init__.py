@@ -165,22 +165,57 @@ class AcceleratorSpec(_Model):
         return list(self.zones) if self.zones else ([self.zone] if self.zone else [])
 
 
-ModelName = Literal["mnist_cnn", "mnist_mlp"]
+BUILTIN_MODELS = ("mnist_cnn", "mnist_mlp")
+# module:function of the job's code (a dotted module path): a model or data of yours (runner.train.models.REF_RE).
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+CODE_REF_RE = rf"^{_NAME}(\.{_NAME})*:{_NAME}$"
+
+
+def checkpoint_interval(value: Any) -> Any:
+    """A whole number counts epochs; a duration ('10m', '1h30m', '90s') is wall-clock time, kept as '<N>s'."""
+    if isinstance(value, bool):
+        raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int):
+        if not 1 <= value <= 10_000:
+            raise ValueError("checkpoint_every counts epochs: 1 to 10000 (or give a duration like '10m')")
+        return value
+    if isinstance(value, str):
+        seconds = parse_duration(value)
+        if not 10 <= seconds <= 7 * 86_400:
+            raise ValueError("a checkpoint_every duration must be between 10s and 7d")
+        return f"{seconds}s"
+    raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+
+
+def _model_name(value: Any) -> Any:
+    if isinstance(value, str) and value not in BUILTIN_MODELS and not re.match(CODE_REF_RE, value):
+        raise ValueError(
+            f"{value!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor module:function of your code "
+            "(e.g. my_model:build)"
+        )
+    return value
 
 
 class TrainingSpec(_Model):
     """A built-in model trained by the runner's own trainer."""
 
-    model: ModelName = Field(
+    model: str = Field(
         "mnist_cnn",
-        description="mnist_cnn: the CNN of the 'GPU vs TPU' Colab notebook; "
-        "mnist_mlp: the Dense-128 classifier of the GPU/TPU getting-started guides.",
+        description="mnist_cnn: the CNN of the 'GPU vs TPU' Colab notebook; mnist_mlp: the Dense-128 classifier of "
+        "the GPU/TPU getting-started guides; or module:function of your code, a function returning a Keras model "
+        "(it may take input_shape and num_classes), imported from the job's working directory (/workspace in the "
+        "image `runner build --context` makes).",
+        json_schema_extra={"anyOf": [{"enum": list(BUILTIN_MODELS)}, {"pattern": CODE_REF_RE}]},
     )
-    dataset: Literal["mnist"] = Field("mnist", description="Training data set.")
+    dataset: Literal["mnist"] = Field("mnist", description="Training data set, when `data` gives none.")
     data: str | None = Field(
         None,
-        description="A .npz with x_train/y_train/x_test/y_test (local path or gs://). Default: the runner's data "
-        "cache, then the Keras cache, then the Keras download.",
+        description="The data: a .npz with x_train/y_train/x_test/y_test of any shapes, sparse or one-hot labels "
+        "(local path or gs://), or module:function of your code returning those four arrays (or a pair of "
+        "tf.data.Datasets of batches). Default: MNIST from the runner's data cache, then the Keras cache, then the "
+        "Keras download.",
     )
     epochs: int = Field(3, ge=1, le=10_000, description="Number of passes over the training set.")
     batch_size: int = Field(
@@ -221,24 +256,15 @@ class TrainingSpec(_Model):
         "kernel against Keras' own); mixed_float16 on GPUs of compute capability 7.0+; float32 elsewhere.",
     )
 
-    @field_validator("checkpoint_every", mode="before")
+    _checkpoint_every = field_validator("checkpoint_every", mode="before")(checkpoint_interval)
+    _model = field_validator("model", mode="before")(_model_name)
+
+    @field_validator("data")
     @classmethod
-    def _checkpoint_every(cls, value: Any) -> Any:
-        """A whole number counts epochs; a duration ('10m', '1h30m', '90s') is wall-clock time, kept as '<N>s'."""
-        if isinstance(value, bool):
-            raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        if isinstance(value, int):
-            if not 1 <= value <= 10_000:
-                raise ValueError("checkpoint_every counts epochs: 1 to 10000 (or give a duration like '10m')")
-            return value
-        if isinstance(value, str):
-            seconds = parse_duration(value)
-            if not 10 <= seconds <= 7 * 86_400:
-                raise ValueError("a checkpoint_every duration must be between 10s and 7d")
-            return f"{seconds}s"
-        raise ValueError("checkpoint_every is a number of epochs or a duration like '10m'")
+    def _data(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(ord(c) < 32 for c in value)):
+            raise ValueError("data is empty or holds control characters")
+        return value
 
     @model_validator(mode="after")
     def _engine(self) -> TrainingSpec:
@@ -255,6 +281,23 @@ class TrainingSpec(_Model):
     def checkpoint_seconds(self) -> float | None:
         """Seconds between checkpoints, or None when checkpoints go by epochs."""
         return float(parse_duration(self.checkpoint_every)) if isinstance(self.checkpoint_every, str) else None
+
+
+class CheckpointSpec(_Model):
+    """Checkpoints of a `command` job that uses the runner's library (keras_callbacks()): when it saves and how many
+    it keeps, locally and in the run directory. (The built-in trainer's are training.checkpoint_every and
+    training.checkpoint_keep.)"""
+
+    every: int | str = Field(
+        1,
+        description="Save every N epochs (a number), or every so much wall-clock time, mid-epoch if need be "
+        "('10m', '1h'). A stop (SIGTERM: preemption, `runner down`, Ctrl-C) always saves an exact checkpoint first.",
+    )
+    keep: int = Field(
+        2, ge=1, le=100, description="Keep the newest N checkpoints; a new machine restores the newest N too."
+    )
+
+    _every = field_validator("every", mode="before")(checkpoint_interval)
 
 
 class TeardownSpec(_Model):
@@ -335,6 +378,11 @@ class JobSpec(_Model):
         description="Custom command run inside the container instead of the built-in trainer: a list (exec "
         "form) or a string (run by /bin/sh -c).",
     )
+    checkpoints: CheckpointSpec | None = Field(
+        None,
+        description="For a `command`: when keras_callbacks() saves and how many checkpoints are kept and restored "
+        "(default every epoch, 2 kept). The built-in trainer's are in `training`.",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
     storage: str = Field(
         ".",
@@ -407,12 +455,25 @@ class JobSpec(_Model):
             raise ValueError("give either `training` (built-in trainer) or `command` (your own), not both")
         if self.training is None and self.command is None:
             raise ValueError("nothing to run: add a `training` section or a `command`")
+        if self.training is not None and self.checkpoints is not None:
+            raise ValueError(
+                "`checkpoints` is for a `command`; the built-in trainer's are training.checkpoint_every and "
+                "training.checkpoint_keep"
+            )
         if self.accelerator.slices > 1 and self.training is not None and self.training.framework == "tensorflow":
             raise ValueError(
                 "accelerator.slices above 1 (multislice) needs training.framework jax or a `command`: TensorFlow has "
                 "no multislice path (Cloud TPU Multislice runs JAX and PyTorch)"
             )
         return self
+
+    @property
+    def checkpoint_policy(self) -> tuple[int | str, int]:
+        """(every, keep) of the run's checkpoints, whoever writes them."""
+        if self.training is not None:
+            return self.training.checkpoint_every, self.training.checkpoint_keep
+        given = self.checkpoints or CheckpointSpec()
+        return given.every, given.keep
 
     @property
     def command_line(self) -> str | None:

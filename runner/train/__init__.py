@@ -1,5 +1,11 @@
 """Code that runs inside the container: the built-in trainer and the helpers a custom command can import.
 
+Your own Keras fit, with the runner's resume, checkpoints, metrics and TensorBoard (runner.train.library):
+
+    from runner.train import keras_callbacks
+
+    model.fit(x, y, epochs=5, batch_size=64, callbacks=keras_callbacks())
+
 TensorFlow:
 
     from runner.train import JobContext, resolve_strategy
@@ -16,12 +22,13 @@ Keras 3 on JAX:
     resolved = resolve_distribution()    # DataParallel over every device (initialize() first on a multi-host slice)
     model = ...                          # built after it: Keras places the variables by the global distribution
 
-Importing this package imports neither TensorFlow nor JAX; resolve_strategy and resolve_distribution do, when
-called.
+Importing this package imports neither TensorFlow nor JAX nor Keras; resolve_strategy, resolve_distribution and
+keras_callbacks do, when called.
 """
 
 from runner.contract import JobContext
 from runner.train.distribution import ResolvedDistribution, resolve_distribution
+from runner.train.library import keras_callbacks
 from runner.train.strategy import ResolvedStrategy, StrategyError, resolve_strategy, tpu_present
 
 __all__ = [
@@ -29,6 +36,7 @@ __all__ = [
     "ResolvedDistribution",
     "ResolvedStrategy",
     "StrategyError",
+    "keras_callbacks",
     "resolve_distribution",
     "resolve_strategy",
     "tpu_present",

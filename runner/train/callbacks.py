@@ -80,25 +80,40 @@ def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-class TrainingInterrupted(Exception):
-    """Raised out of fit after a stop signal, once the exact mid-epoch checkpoint is saved. Keras does not catch it,
-    so nothing of the epoch's end (validation, metrics row, epoch checkpoint) runs for the cut epoch."""
+class TrainingInterrupted(SystemExit):
+    """Raised out of fit after a stop signal, once the exact checkpoint is saved: a SystemExit with the code a shell
+    reports for the signal (128 + its number), so that a user's script ends there (its code after fit does not run,
+    and the run is recorded as stopped, not failed) without a traceback. Keras does not catch it, so nothing of the
+    epoch's end (validation, metrics row, epoch checkpoint) runs for a cut epoch."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(128 + signum)
         self.signum = signum
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 class StopSignal:
     """SIGTERM (docker stop, a preemption notice, the supervisor, `runner down`) and SIGINT (Ctrl-C reaches the
-    whole process group, the trainer too) are only noted here; the Checkpointer acts on them at the next step end."""
+    whole process group, the trainer too) are only noted here; the Checkpointer acts on them at the next step end.
+    Once training has finished (`finished`), one that comes is let be: the job's last work (an evaluation, a
+    summary, a user's own code after fit) goes on within the grace the stop gives, and its exit code says how the
+    run ended."""
 
     def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.signum: int | None = None
+        self.finished = False
         self._previous = {s: signal.signal(s, self._handle) for s in signums}
 
     def _handle(self, signum: int, _frame: object) -> None:
-        if self.signum is None:
+        if self.finished:
+            if signum == signal.SIGINT and self.signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.signum = signum
+            name = signal.Signals(signum).name
+            print(f"[trainer] {name} after training finished: the job goes on to its end", file=sys.stderr, flush=True)
+        elif self.signum is None:
             self.signum = signum
             print(f"[trainer] {self.name}: saving a checkpoint at the next step end", file=sys.stderr, flush=True)
         elif signum == signal.SIGINT:
@@ -128,25 +143,39 @@ class StopSignal:
 
 
 class Cursor(_Callback):
-    """Where training stands: `epoch` (0-based) in progress, `step` steps of it done, `global_step` in all."""
+    """Where training stands: `epoch` (0-based) in progress, `step` steps of it done, `global_step` in all.
 
-    def __init__(self, steps_per_epoch: int, epochs: int, start: Position, global_step: int) -> None:
+    Keras numbers an epoch's batches from 0, whatever the run did before. `shift` turns that number into the step of
+    the epoch: the built-in trainer's feed leaves a resumed epoch's done steps out (shift = those steps); a user's
+    fit, resumed through Keras itself (runner.train.seams), counts them again, as steps that train nothing, so its
+    numbers are the steps already (shift 0) and the ends of those steps do not move the cursor (`advanced` False)."""
+
+    def __init__(
+        self, steps_per_epoch: int, epochs: int, start: Position, global_step: int, feed_skips: bool = True
+    ) -> None:
         super().__init__()
         self.steps, self.epochs = steps_per_epoch, epochs
         self.epoch, self.step = start
-        self.offset = self.step  # steps of this epoch trained before the current fit (a mid-epoch resume)
+        self.resume = start  # the position this process began at: its epoch starts at that step
+        self.start = self.step  # steps of the current epoch trained before this process (a mid-epoch resume)
+        self.shift = self.step if feed_skips else 0
+        self.feed_skips = feed_skips
         self.global_step = global_step
+        self.advanced = False  # the last batch end moved the position (a real step, not a skipped one)
 
-    def begin(self, epoch: int, skip: int) -> None:
-        """The trainer is about to fit epoch `epoch` without its first `skip` steps."""
-        self.epoch, self.step, self.offset = epoch, skip, skip
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        step = self.resume[1] if epoch == self.resume[0] else 0
+        self.epoch, self.step, self.start = epoch, step, step
+        self.shift = step if self.feed_skips else 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # With steps_per_execution > 1 the index is the chunk's last step; Keras 3 reports a whole chunk even when
         # the epoch ends inside it, hence the clamp.
-        step = min(self.offset + batch + 1, self.steps)
-        self.global_step += step - self.step
-        self.step = step
+        step = min(self.shift + batch + 1, self.steps)
+        self.advanced = step > self.step
+        if self.advanced:
+            self.global_step += step - self.step
+            self.step = step
 
     @property
     def position(self) -> Position:
@@ -162,7 +191,7 @@ class EpochMetrics(_Callback):
     """One JSON line per epoch in metrics.jsonl: Keras' logs, epoch time and examples/s. An interrupted epoch
     writes none; the resumed rest of one writes its line at its real end, with "resumed_at_step"."""
 
-    def __init__(self, path: Path, cursor: Cursor, global_batch: int) -> None:
+    def __init__(self, path: Path, cursor: Cursor, global_batch: int | None) -> None:
         super().__init__()
         self.path, self.cursor, self.batch = path, cursor, global_batch
         # Rows past the resume point describe epochs this run will train again (it resumed from an older one).
@@ -180,17 +209,13 @@ class EpochMetrics(_Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         seconds = time.perf_counter() - self._t0
-        trained = self.cursor.steps - self.cursor.offset
-        row = {
-            "epoch": epoch + 1,
-            **_floats(logs),
-            "epoch_time_s": round(seconds, 3),
-            "examples_per_s": round(trained * self.batch / seconds, 1),
-            "global_step": self.cursor.global_step,
-            "time": round(time.time(), 3),
-        }
-        if self.cursor.offset:
-            row["resumed_at_step"] = self.cursor.offset
+        trained = self.cursor.steps - self.cursor.start
+        row = {"epoch": epoch + 1, **_floats(logs), "epoch_time_s": round(seconds, 3)}
+        if self.batch:  # unknown for a user's dataset of its own batching
+            row["examples_per_s"] = round(trained * self.batch / seconds, 1)
+        row.update(global_step=self.cursor.global_step, time=round(time.time(), 3))
+        if self.cursor.start:
+            row["resumed_at_step"] = self.cursor.start
         self.rows = [r for r in self.rows if r.get("epoch") != epoch + 1] + [row]
         self._write()
 
@@ -202,10 +227,16 @@ class Progress(_Callback):
     during validation with "phase": "validate" and its own "validation_step", so a long test set shows life too."""
 
     def __init__(
-        self, cursor: Cursor, global_batch: int, progress_file: Path | None, clock: Callable[[], float] = time.monotonic
+        self,
+        cursor: Cursor,
+        global_batch: int | None,
+        progress_file: Path | None,
+        clock: Callable[[], float] = time.monotonic,
+        printing: bool = True,
     ) -> None:
         super().__init__()
         self.cursor, self.batch, self.file, self.clock = cursor, global_batch, progress_file, clock
+        self.printing = printing and global_batch is not None  # a user's fit prints Keras' own lines
         self._t0 = self._printed = self._written = 0.0
         self._first = False
 
@@ -234,17 +265,19 @@ class Progress(_Callback):
         self._first = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.cursor.advanced:
+            return  # a step skipped to reach a resumed position: nothing trained
         t = self.clock()
         if self._first or t - self._written >= PROGRESS_EVERY_S:
             self._first = False
             self.write()
-        if t - self._printed < PRINT_EVERY_S:
+        if not self.printing or t - self._printed < PRINT_EVERY_S:
             return
         self._printed = t
         c = self.cursor
         filled = int(30 * c.step / c.steps)
         bar = "=" * max(filled - 1, 0) + (">" if filled < 30 else "=") + "." * (30 - filled)
-        rate = (c.step - c.offset) * self.batch / max(t - self._t0, 1e-9)
+        rate = (c.step - c.start) * (self.batch or 0) / max(t - self._t0, 1e-9)
         print(f"Epoch {c.epoch + 1}/{c.epochs} {c.step}/{c.steps} [{bar}] {_fmt(logs)} - {rate:.0f} ex/s", flush=True)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -252,16 +285,18 @@ class Progress(_Callback):
             self.write(validation_step=batch + 1)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.write()
+        if not self.printing:
+            return
         c = self.cursor
         seconds = self.clock() - self._t0
-        rate = (c.steps - c.offset) * self.batch / max(seconds, 1e-9)
-        resumed = f" - resumed at step {c.offset}" if c.offset else ""
+        rate = (c.steps - c.start) * (self.batch or 0) / max(seconds, 1e-9)
+        resumed = f" - resumed at step {c.start}" if c.start else ""
         print(
             f"Epoch {epoch + 1}/{c.epochs} {c.steps}/{c.steps} - {seconds:.1f}s - {_fmt(logs)} - {rate:.0f} ex/s"
             f"{resumed}",
             flush=True,
         )
-        self.write()
 
 
 class Checkpointer(_Callback):
@@ -284,11 +319,13 @@ class Checkpointer(_Callback):
         saved_at: Checkpoint | None = None,
         framework: str = "tensorflow",
         agreement: Agreement | None = None,
+        on_stop: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
         self.keras_impl, self.data, self.framework = keras_impl, data, framework
         self.agreement = agreement
+        self.on_stop = on_stop  # before TrainingInterrupted leaves fit: what on_train_end would have closed
         self.stopped = False  # stop_here ran: the stop was decided (agreed, with several processes)
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
@@ -342,13 +379,14 @@ class Checkpointer(_Callback):
         return self.decide(False)[0]
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if not self.cursor.in_epoch_training:
-            return  # the epoch's steps are all done: its end (after validation) decides
+        if not self.cursor.advanced or not self.cursor.in_epoch_training:
+            return  # a skipped step, or the epoch's steps are all done: its end (after validation) decides
         if self.agreement is not None and not self.agreement.step():
             return  # not a point where the processes compare notes: every one of them goes on alike
         stop, save = self.decide(self.policy.due_mid_epoch(), mid_epoch=True)
         if stop:
             self.stop_here()
+            self.on_stop()
             raise TrainingInterrupted(self.stop.signum or signal.SIGTERM)
         if save:
             self.save()

@@ -1,5 +1,5 @@
-"""MNIST for the trainer: find the arrays, then feed them through tf.data with static shapes (the TensorFlow engine;
-the JAX engine's numpy feed is npdata.py).
+"""The TensorFlow engine's feed: in-memory arrays through tf.data with static shapes (the JAX engine's numpy feed is
+npdata.py; where the arrays come from, inputs.py).
 
 Batches always have the same shape (drop_remainder on the training set, zero-weight padding on the test set), so
 the same pipeline compiles once on TPU, where every new shape is a new XLA program.
@@ -7,66 +7,23 @@ the same pipeline compiles once on TPU, where every new shape is a new XLA progr
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runner import contract, datasets
-from runner.datasets import Mnist
 
-log = logging.getLogger(__name__)
-
-
-def _fetch_remote(url: str) -> Path:
-    from runner.storage import open_storage
-
-    parent, _, name = url.rpartition("/")
-    local = Path(tempfile.gettempdir()) / "runner-data" / name
-    if not local.exists() and not open_storage(parent).download_file(name, local):
-        raise datasets.DatasetError(f"{url}: no such object")
-    return local
-
-
-def find_mnist(data: str | None, keras: Any = None) -> tuple[Mnist, str]:
-    """The arrays and where they came from. Order: the spec's `data`, the runner's data cache
-    ($RUNNER_DATA_DIR), the Keras cache, then the Keras download (needs internet) with `keras` (the JAX engine's
-    Keras 3), else tf.keras."""
-    if data:
-        path = _fetch_remote(data) if data.startswith("gs://") else Path(data).expanduser()
-        if not path.exists():
-            raise datasets.DatasetError(f"training.data {data!r}: no such file")
-        return datasets.load_npz(path), data
-    candidates: list[Path | None] = [
-        Path(os.environ[contract.DATA_DIR]) / datasets.MNIST_NPZ if os.environ.get(contract.DATA_DIR) else None,
-        datasets.cache_dir() / datasets.MNIST_NPZ,
-        datasets.cache_dir() / datasets.KERAS_MNIST_NPZ,  # a cache written by earlier versions, read only
-        Path.home() / ".keras" / "datasets" / datasets.KERAS_MNIST_NPZ,
-    ]
-    for candidate in candidates:
-        if candidate is not None and candidate.is_file():
-            return datasets.load_npz(candidate), str(candidate)
-    if keras is None:
-        import tensorflow as tf
-
-        keras = tf.keras
-    log.info("MNIST not cached; downloading it with keras.datasets.mnist.load_data()")
-    (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
-    return Mnist(x_train, y_train, x_test, y_test), "keras download"
-
-
-def limit(data: Mnist, max_train: int | None, max_test: int | None) -> Mnist:
-    return Mnist(data.x_train[:max_train], data.y_train[:max_train], data.x_test[:max_test], data.y_test[:max_test])
-
-
-def _normalize(x: Any, *rest: Any) -> tuple[Any, ...]:
+def _prepare(scale: float, expand: bool) -> Any:
+    """A batch as the model takes it: float32, scaled (uint8 pixels by 1/255), with a channel axis for 2-D images."""
     import tensorflow as tf
 
-    return (tf.cast(x, tf.float32)[..., tf.newaxis] * (1.0 / 255.0), *rest)
+    def prepare(x: Any, *rest: Any) -> tuple[Any, ...]:
+        x = tf.cast(x, tf.float32)
+        if scale != 1.0:
+            x = x * scale
+        return (x[..., tf.newaxis] if expand else x, *rest)
+
+    return prepare
 
 
 class TrainData:
@@ -85,14 +42,19 @@ class TrainData:
     traced once, not per epoch): iterated alone as above, 0.08-0.09 s of CPU per epoch against 0.05-0.06 s for the
     former single re-randomized pipeline (4 interleaved epochs each), beside CNN epochs of seconds."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, global_batch: int, seed: int) -> None:
+    def __init__(
+        self, x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, scale: float = 1 / 255, expand: bool = True
+    ) -> None:
         import tensorflow as tf
 
         n = len(x)
         self.steps = n // global_batch
         self.seed = seed
         steps = self.steps
-        images, labels = tf.constant(x), tf.constant(y.astype(np.int32))  # labels converted once, not per batch
+        # Labels converted once, not per batch: class numbers as int32, one-hot rows as float32.
+        labels_np = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)
+        images, labels = tf.constant(x), tf.constant(labels_np)
+        prepare = _prepare(scale, expand)
 
         @tf.function(input_signature=[tf.TensorSpec([2], tf.int64)])
         def permutation(pair: Any) -> Any:
@@ -101,7 +63,7 @@ class TrainData:
 
         @tf.function(input_signature=[tf.TensorSpec([global_batch], tf.int32)])
         def gather(index: Any) -> tuple[Any, ...]:
-            return _normalize(tf.gather(images, index), tf.gather(labels, index))
+            return prepare(tf.gather(images, index), tf.gather(labels, index))
 
         self._permutation, self._gather = permutation, gather
 
@@ -120,7 +82,7 @@ class TrainData:
         return ds.map(self._gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def eval_dataset(x: np.ndarray, y: np.ndarray, global_batch: int) -> Any:
+def eval_dataset(x: np.ndarray, y: np.ndarray, global_batch: int, scale: float = 1 / 255, expand: bool = True) -> Any:
     """Every test example exactly once: the last batch is padded to full size with weight-0 examples."""
     import tensorflow as tf
 
@@ -128,6 +90,31 @@ def eval_dataset(x: np.ndarray, y: np.ndarray, global_batch: int) -> Any:
     pad = padded - len(x)
     weights = np.concatenate([np.ones(len(x), np.float32), np.zeros(pad, np.float32)])
     x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-    y = np.concatenate([y, np.zeros(pad, y.dtype)]).astype(np.int32)
+    y = np.concatenate([y, np.zeros((pad, *y.shape[1:]), y.dtype)])
+    y = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)
     ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(global_batch, drop_remainder=True)
-    return ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE).cache().prefetch(tf.data.AUTOTUNE)
+    return ds.map(_prepare(scale, expand), num_parallel_calls=tf.data.AUTOTUNE).cache().prefetch(tf.data.AUTOTUNE)
+
+
+class DatasetFeed:
+    """A user's tf.data.Dataset of (x, y) batches (training.data: module:function returning datasets), one epoch
+    an iteration of it. A resume mid-epoch skips the epoch's done batches when every iteration yields the same
+    ones (runner.train.seams.dataset_determinism); otherwise the trainer starts that epoch over."""
+
+    def __init__(self, dataset: Any) -> None:
+        import tensorflow as tf
+
+        from runner.train.restore import TrainerError
+        from runner.train.seams import dataset_determinism
+
+        steps = int(dataset.cardinality())
+        if steps in (int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)) or steps <= 0:
+            raise TrainerError(
+                "training.data's training dataset has no known, finite length: batch a finite dataset (no "
+                "repeat()), or apply dataset.apply(tf.data.experimental.assert_cardinality(N))"
+            )
+        self.dataset, self.steps = dataset, steps
+        self.replayable, self.why = dataset_determinism(dataset)
+
+    def epoch(self, index: int, skip: int = 0) -> Any:
+        return self.dataset.skip(skip) if skip else self.dataset

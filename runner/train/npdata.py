@@ -24,7 +24,6 @@ import numpy as np
 from runner.train.checkpoints import NUMPY_SHUFFLE
 
 SHUFFLE = NUMPY_SHUFFLE
-_SCALE = np.float32(1.0 / 255.0)
 
 
 def _seed_words(*values: int) -> np.ndarray:
@@ -48,8 +47,12 @@ def epoch_order(seed: int, epoch: int, examples: int, global_batch: int) -> np.n
     return order[: steps * global_batch].reshape(steps, global_batch)
 
 
-def normalize(x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32) * _SCALE)[..., np.newaxis]
+def normalize(x: np.ndarray, scale: float = 1 / 255, expand: bool = True) -> np.ndarray:
+    """float32, scaled (uint8 pixels by 1/255), with a channel axis for 2-D images: as data.py's TensorFlow feed."""
+    out = x.astype(np.float32)
+    if scale != 1.0:
+        out *= np.float32(scale)
+    return out[..., np.newaxis] if expand else out
 
 
 def _share(global_batch: int, process: int, processes: int) -> slice:
@@ -72,15 +75,20 @@ class TrainData:
         seed: int,
         process: int = 0,
         processes: int = 1,
+        scale: float = 1 / 255,
+        expand: bool = True,
     ) -> None:
-        self.keras, self.x, self.y = keras, x, y.astype(np.int32)  # labels converted once, not per batch
+        # Labels converted once, not per batch: class numbers as int32, one-hot rows as float32.
+        self.keras, self.x = keras, x
+        self.y = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)
+        self.scale, self.expand = scale, expand
         self.global_batch, self.seed = global_batch, seed
         self.steps = len(x) // global_batch
         self.share = _share(global_batch, process, processes)
 
     def batch(self, order: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         rows = order[step, self.share]
-        return normalize(self.x[rows]), self.y[rows]
+        return normalize(self.x[rows], self.scale, self.expand), self.y[rows]
 
     def epoch(self, index: int, skip: int = 0) -> Any:
         """Epoch `index` (0-based) without its first `skip` batches."""
@@ -90,14 +98,24 @@ class TrainData:
         return _batches(self.keras, self.steps - skip, lambda i: self.batch(order, skip + i))
 
 
-def eval_data(keras: Any, x: np.ndarray, y: np.ndarray, global_batch: int, process: int = 0, processes: int = 1) -> Any:
+def eval_data(
+    keras: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    global_batch: int,
+    process: int = 0,
+    processes: int = 1,
+    scale: float = 1 / 255,
+    expand: bool = True,
+) -> Any:
     """Every test example exactly once: the last batch padded to full size with weight-0 examples. Normalized
     once, up front (the test set is small and read every epoch)."""
     steps = math.ceil(len(x) / global_batch)
     pad = steps * global_batch - len(x)
     weights = np.concatenate([np.ones(len(x), np.float32), np.zeros(pad, np.float32)])
-    images = normalize(np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]))
-    labels = np.concatenate([y, np.zeros(pad, y.dtype)]).astype(np.int32)
+    images = normalize(np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), scale, expand)
+    labels = np.concatenate([y, np.zeros((pad, *y.shape[1:]), y.dtype)])
+    labels = labels.astype(np.int32) if labels.ndim == 1 else labels.astype(np.float32)
     share = _share(global_batch, process, processes)
 
     def batch(i: int) -> tuple[np.ndarray, ...]:

@@ -279,6 +279,8 @@ def time_variants(
     jit_compile: bool | None = None,
     rounds: int = 5,
     round_s: float = 0.25,
+    input_shape: Sequence[int] = (28, 28, 1),
+    classes: int = 10,
 ) -> dict[str, list[float]]:
     """Milliseconds per training step of each variant, one figure per round: the run's model at the run's batch on
     random data, each compiled and warmed up first, then `rounds` rounds taking turns (ABBA), each about `round_s`
@@ -287,19 +289,19 @@ def time_variants(
     cache key. Keras' state is cleared afterwards, so the run's own model gets the layer names it would have had
     without the calibration."""
     from runner.train.fused_dropout import fuse_dropout
-    from runner.train.models import INPUT_SHAPE, NUM_CLASSES, build_model
+    from runner.train.models import build_model
 
     keras = tf.keras
     before = keras.mixed_precision.global_policy().name
-    x = tf.random.stateless_uniform((batch_size, *INPUT_SHAPE), seed=[0, 0])
-    y = tf.random.stateless_uniform((batch_size,), seed=[0, 1], minval=0, maxval=NUM_CLASSES, dtype=tf.int32)
+    x = tf.random.stateless_uniform((batch_size, *input_shape), seed=[0, 0])
+    y = tf.random.stateless_uniform((batch_size,), seed=[0, 1], minval=0, maxval=classes, dtype=tf.int32)
     models: dict[str, Any] = {}
     try:
         step_s = 0.0
         for variant in variants:
             policy, dropout = split_variant(variant)
             keras.mixed_precision.set_global_policy(policy)
-            models[variant] = build_model(model, keras)
+            models[variant] = build_model(model, keras, tuple(input_shape), classes)
             if dropout == "xla":
                 fuse_dropout(models[variant], tf)
             xla = {} if jit_compile is None else {"jit_compile": jit_compile}
@@ -323,14 +325,17 @@ def time_variants(
         keras.mixed_precision.set_global_policy(before)
 
 
-def calibration_key(tf: Any, model: str, batch_size: int, cpu: str, jit_compile: bool | None) -> str:
+def calibration_key(
+    tf: Any, model: str, batch_size: int, cpu: str, jit_compile: bool | None, input_shape: Sequence[int] = (28, 28, 1)
+) -> str:
     """What a calibration depends on: the CPU and how much of it we get, the TensorFlow/Keras build and its oneDNN
-    setting, the model and the batch."""
+    setting, the model, its input and the batch."""
     keras = getattr(getattr(tf, "keras", None), "__version__", "?")
     onednn = os.environ.get(ONEDNN_ENV, "default")
+    shape = "" if tuple(input_shape) == (28, 28, 1) else f" {tuple(input_shape)}"
     return (
         f"{cpu} | {usable_cpus(cpu_quota())} CPUs | TensorFlow {tf.__version__} | Keras {keras} | "
-        f"oneDNN {onednn} | XLA {jit_compile} | {model} | batch {batch_size}"
+        f"oneDNN {onednn} | XLA {jit_compile} | {model}{shape} | batch {batch_size}"
     )
 
 
@@ -400,9 +405,7 @@ def choose_precision(
     rounds = _cached_timings(cached, candidates)
     if rounds is not None and isinstance(cached, dict):
         when = str(cached.get("measured", "?"))[:10]
-        # Chosen again from the rounds, so that an entry always obeys the rule in force.
-        variant = pick_from_timings(rounds)
-        return _choice(variant, f"cached from {when}: {_timings_text(rounds)}", "cached", cached)
+        return _choice(cached["variant"], f"cached from {when}: {_timings_text(rounds)}", "cached", cached)
     try:
         timings: dict[str, list[float]] = {v: _rounds(t) for v, t in calibrate(candidates).items()}
         chosen = pick_from_timings(timings)
@@ -511,6 +514,8 @@ def plan_for(
     calibrate: Calibrator | None = None,
     cache_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    input_shape: Sequence[int] = (28, 28, 1),
+    classes: int = 10,
 ) -> PerfPlan:
     """The run's choices. With `model` and `batch_size` (and `tf`), a CPU times the variants it has a choice
     between for them (cpu_candidates, time_variants; cached in the data cache); call it before building the run's
@@ -527,8 +532,10 @@ def plan_for(
     fusable = kind == "cpu" and jit is False and keras3 and model in DROPOUT_MODELS
     key = ""
     if calibrate is None and tf is not None and model and batch_size:
-        key = calibration_key(tf, model, batch_size, cpu, jit)
-        calibrate = functools.partial(time_variants, tf, model, batch_size, jit_compile=jit)
+        key = calibration_key(tf, model, batch_size, cpu, jit, input_shape)
+        calibrate = functools.partial(
+            time_variants, tf, model, batch_size, jit_compile=jit, input_shape=input_shape, classes=classes
+        )
         cache_file = cache_file or default_cache_file()
     elif calibrate is not None:
         key = f"{cpu} | {model} | batch {batch_size}"

@@ -1,17 +1,18 @@
 """The built-in trainer: `python -m runner.train`, started by the supervisor inside the container.
 
-It reads the spec's training section from $RUNNER_TRAINING, resolves the strategy, builds the model under its scope
-(or restores it from the newest checkpoint that verifies, optimizer state and position included), trains with
-tf.data, and writes metrics.jsonl, progress.json, checkpoints/, tensorboard/ and summary.json.
+It reads the spec's training section from $RUNNER_TRAINING, finds and checks the data (runner.train.inputs), builds
+the model (built-in, or yours: training.model module:function) under the engine's device scope and the run's
+precision, compiles it, fills it from the newest checkpoint that verifies (optimizer state and position included),
+trains, and writes metrics.jsonl, progress.json, checkpoints/, tensorboard/ and summary.json.
 
-Two engines, chosen by training.framework: TensorFlow (this module's `prepare`: tf.distribute, tf.data, tf_keras or
-Keras 3) and Keras 3 on JAX (jax_engine.py: keras.distribution, numpy). Only the preparation differs; the
-callbacks, the fit loop, the checkpoints and the summary below are the same for both.
+The engine (runner.train.engines: TensorFlow, or Keras 3 on JAX) answers what differs between the two: the Keras and
+framework, the devices, the speed choices, the feed. Everything else is here once. The callbacks are the library
+that a user's own fit gets with keras_callbacks() (runner.train.library): one implementation for both.
 
-Each epoch is its own fit call over that epoch's data (runner.train.data: the order is a pure function of seed and
-epoch), so a job stopped mid-epoch resumes at the exact step: one fit over the rest of that epoch, then the next
-epochs. Keras keeps the compiled train function across fit calls (checked for Keras 3.15 and tf_keras 2.20: no
-retrace; about 25 ms of Keras setup per call, beside epochs of seconds).
+Each epoch is its own fit call over that epoch's data (the feed's order is a pure function of seed and epoch), so
+a job stopped mid-epoch resumes at the exact step: one fit over the rest of that epoch, then the next epochs. Keras
+keeps the compiled train function across fit calls (checked for Keras 3.15 and tf_keras 2.20: no retrace; about
+25 ms of Keras setup per call, beside epochs of seconds).
 """
 
 from __future__ import annotations
@@ -30,76 +31,42 @@ from runner import contract
 from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
+from runner.train.engines import Engine, engine_for
+from runner.train.engines.tensorflow import keras_version, select_keras
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
-from runner.train.restore import TrainerError, restore
-from runner.train.strategy import multi_worker, tpu_present
+from runner.train.restore import TrainerError, restore_into
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
-__all__ = ["Prepared", "TrainerError", "finish", "fit", "make_callbacks", "prepare", "train"]
-
-
-def select_keras(choice: str, checkpoint_keras: str | None) -> str:
-    """Choose Keras 3 or tf_keras before TensorFlow is imported (TF reads TF_USE_LEGACY_KERAS once, at import).
-
-    auto: the implementation that wrote the checkpoint being resumed (the two cannot read each other's files);
-    else $TF_USE_LEGACY_KERAS if set; else tf_keras on TPU, where Keras 3 under TPUStrategy has an open bug
-    (keras-team/keras#19448) and Google's own TPU CI uses tf_keras; else Keras 3. On CPU, tf_keras measured 0.94x
-    the examples/s of Keras 3 with oneDNN on (14 interleaved epoch pairs, within noise): no reason to switch."""
-    if choice == "auto":
-        if checkpoint_keras:
-            impl = checkpoint_keras
-        elif "TF_USE_LEGACY_KERAS" in os.environ:
-            impl = "tf_keras" if os.environ["TF_USE_LEGACY_KERAS"].lower() in ("1", "true") else "keras3"
-        else:
-            impl = "tf_keras" if tpu_present() or multi_worker() else "keras3"
-    else:
-        impl = choice
-    if impl == "keras3" and multi_worker():
-        raise TrainerError(
-            "Keras 3 cannot train under MultiWorkerMirroredStrategy (keras 3.15: fit fails converting the "
-            "distributed batches, PerReplica values); set training.keras to tf_keras or auto"
-        )
-    if checkpoint_keras and impl != checkpoint_keras:
-        raise TrainerError(
-            f"the checkpoint to resume from was written by {checkpoint_keras}, which {impl} cannot "
-            f"read; set training.keras to {checkpoint_keras} or auto"
-        )
-    os.environ["TF_USE_LEGACY_KERAS"] = "1" if impl == "tf_keras" else "0"
-    os.environ["KERAS_BACKEND"] = "tensorflow"  # Keras 3 under tf.keras: not JAX, whatever the environment says
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines drown the job's own output
-    return impl
-
-
-def keras_version() -> str:
-    """The Keras that tf.keras is in this process (TensorFlow reads TF_USE_LEGACY_KERAS as 1, true or True)."""
-    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
-        import tf_keras
-
-        return f"tf_keras {tf_keras.__version__}"
-    import keras as keras3
-
-    return f"keras {keras3.__version__}"
+__all__ = [
+    "Prepared",
+    "TrainerError",
+    "finish",
+    "fit",
+    "keras_version",
+    "make_callbacks",
+    "prepare",
+    "select_keras",
+    "train",
+]
 
 
 @dataclass
 class Prepared:
-    """A run ready to fit: strategy, data, datasets, and the compiled (or restored) model. `runner bench` drives the
-    same object epoch by epoch, so what it measures is what the trainer runs. Either engine's: `resolved` is a
-    strategy.ResolvedStrategy or a distribution.ResolvedDistribution, `perf` a perf.PerfPlan or a
-    jaxperf.JaxPerfPlan, the data tf.data's or npdata's."""
+    """A run ready to fit: engine, devices, data, and the compiled (and restored) model. `runner bench` drives the
+    same object epoch by epoch, so what it measures is what the trainer runs."""
 
     cfg: TrainingSpec
     ctx: contract.JobContext
-    keras_impl: str
+    engine: Engine
     keras: Any
-    resolved: Any  # ResolvedStrategy
-    perf: Any  # PerfPlan
+    resolved: Any  # strategy.ResolvedStrategy or distribution.ResolvedDistribution
+    perf: Any  # perf.PerfPlan or jaxperf.JaxPerfPlan
     source: str
     train_examples: int
     test_examples: int
     steps: int
-    train_data: Any  # runner.train.data.TrainData
+    train_data: Any  # the engine's feed: .epoch(index, skip)
     test_ds: Any
     model: Any
     store: CheckpointStore
@@ -110,12 +77,22 @@ class Prepared:
     initial_global_step: int
     cursor: Any  # runner.train.callbacks.Cursor: where training stands, kept up to date by fit
     t_start: float
-    framework: str = "tensorflow"
     versions: dict[str, str] = field(default_factory=dict)  # summary.json's "versions"
     chief: bool = True  # writes the run directory (False: a process other than 0 of a multi-worker run)
+    classes: int = 0
+
+    @property
+    def framework(self) -> str:
+        return self.engine.framework
+
+    @property
+    def keras_impl(self) -> str:
+        return self.engine.keras_impl
 
 
-def position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder) -> tuple[int, int, int]:
+def position(
+    resumed: Candidate | None, model: Any, steps: int, order: DataOrder, replayable: tuple[bool, str] = (True, "")
+) -> tuple[int, int, int]:
     """(epochs done, steps of the next epoch, global step) to go on from, said in the log."""
     if resumed is None:
         return 0, 0, 0
@@ -138,6 +115,9 @@ def position(resumed: Candidate | None, model: Any, steps: int, order: DataOrder
             f"epoch {epochs_done + 1} starts over from step 0"
         )
         step = 0
+    elif not replayable[0]:
+        _say(f"[trainer] the training data {replayable[1]}: epoch {epochs_done + 1} starts over from step 0")
+        step = 0
     return epochs_done, step, global_step
 
 
@@ -155,112 +135,109 @@ def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
     return plan if chief else perf.adopt_choices(plan, chosen)
 
 
+def compile_model(model: Any, cfg: TrainingSpec, keras: Any, plan: Any, labels: str) -> None:
+    """Compile for the run: the spec's optimizer (or the one a model of yours came compiled with, and its loss),
+    the cross-entropy its labels need, weighted metrics (the zero-weight padding of the last test batch does not
+    count) and the plan's steps per execution and XLA."""
+    from runner.train.inputs import SPARSE
+    from runner.train.models import make_optimizer
+
+    sparse = labels == SPARSE
+    optimizer, loss = getattr(model, "optimizer", None), getattr(model, "loss", None)
+    if optimizer is None:  # not compiled by its builder
+        optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, keras)
+    if not loss:
+        loss = "sparse_categorical_crossentropy" if sparse else "categorical_crossentropy"
+    metric = keras.metrics.SparseCategoricalCrossentropy if sparse else keras.metrics.CategoricalCrossentropy
+    xla = {} if plan.jit_compile is None else {"jit_compile": plan.jit_compile}
+    model.compile(
+        # Keras wraps the optimizer in a LossScaleOptimizer itself under mixed_float16.
+        optimizer=optimizer,
+        loss=loss,
+        weighted_metrics=["accuracy", metric(name="xent")],
+        steps_per_execution=plan.steps_per_execution,
+        **xla,
+    )
+
+
 def prepare(
     cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None, milestones: Milestones | None = None
 ) -> Prepared:
     """Everything before the first epoch, on the engine cfg.framework names. `jit_compile` overrides the device's
     choice (perf.py), for `runner bench` to measure the alternative on the device at hand (TensorFlow only: JAX
     always compiles). `milestones` records the start-up's (the trainer's own run)."""
-    if cfg.framework == "jax":
-        if jit_compile is False:
-            raise TrainerError("the JAX engine always compiles with XLA: jit_compile cannot be turned off")
-        from runner.train import jax_engine
+    from runner.datasets import DatasetError
+    from runner.train import inputs as data_inputs
+    from runner.train.models import CodeError, build_model
 
-        prepared: Prepared = jax_engine.prepare(cfg, ctx, milestones)
-        return prepared
     t_start = time.time()
-    # Which checkpoint to resume from decides which Keras to import: choose before TensorFlow is imported.
+    engine = engine_for(cfg.framework)
+    # Which checkpoint to resume from decides which Keras to import: choose before the framework is imported.
     chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
     first = chooser.next_verified()
-    keras_impl = select_keras(cfg.keras, first.keras if first else None)
-    env = perf.process_environment()
-    import tensorflow as tf
-
+    keras = engine.start(cfg, first.keras if first else None)
+    versions = engine.versions()
     if milestones is not None:
-        milestones.emit(FRAMEWORK_IMPORTED, framework="tensorflow", version=tf.__version__)
-    threads = perf.configure_threads(tf)
-    from runner.train.callbacks import Cursor
-    from runner.train.data import TrainData, eval_dataset, find_mnist, limit
-    from runner.train.fused_dropout import fuse_dropout
-    from runner.train.models import build_model, make_optimizer
-    from runner.train.strategy import is_chief, resolve_strategy
-
-    keras = tf.keras
-    resolved = resolve_strategy(ctx.strategy_hint, ctx.tpu_name)
+        milestones.emit(FRAMEWORK_IMPORTED, framework=engine.framework, version=versions[engine.framework])
+    resolved = engine.resolve(ctx)
     if milestones is not None:
         milestones.emit(DEVICE_FOUND, strategy=resolved.describe())
-    _say(f"[trainer] strategy: {resolved.describe()}; TensorFlow {tf.__version__}, {keras_version()}")
+    _say(f"[trainer] strategy: {resolved.describe()}; {engine.runtime()}")
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
         raise TrainerError(f"batch_size {cfg.batch_size} is not divisible by the {replicas} replicas")
-    data, source = find_mnist(cfg.data)
-    data = limit(data, cfg.max_train_examples, cfg.max_test_examples)
-    steps = len(data.x_train) // cfg.batch_size
-    if steps == 0:
-        raise TrainerError(f"batch_size {cfg.batch_size} is larger than the {len(data.x_train)} training examples")
-    _say(
-        f"[trainer] data: {source}: {len(data.x_train)} train, {len(data.x_test)} test; global batch "
-        f"{cfg.batch_size} = {cfg.batch_size // replicas} per replica x {replicas}; {steps} steps/epoch"
-    )
-    chief = is_chief(resolved)
     try:
-        plan = perf.plan_for(
-            resolved.kind,
-            steps,
-            tf=tf,
-            requested_precision=cfg.precision,
-            requested_steps=cfg.steps_per_execution,
-            requested_jit=jit_compile,
-            env=env,
-            threads=threads,
-            # Only the chief times the variants: the run's choice is one, and every worker takes it (below).
-            model=cfg.model if chief else None,
-            batch_size=cfg.batch_size,
-        )
+        data = data_inputs.load(cfg.data, cfg.model, cfg.max_train_examples, cfg.max_test_examples, keras)
+    except DatasetError as exc:
+        raise TrainerError(str(exc)) from exc
+    chief = engine.chief(resolved)
+    steps = len(data.x_train) // cfg.batch_size if not data.datasets else 0
+    if not data.datasets and steps == 0:
+        raise TrainerError(f"batch_size {cfg.batch_size} is larger than the {len(data.x_train)} training examples")
+    train_data, test_ds = engine.feeds(data, cfg, resolved)
+    steps = steps or train_data.steps
+    _say(f"[trainer] data: {_describe_data(data, cfg, replicas, steps)}")
+    try:
+        # Only the chief times the variants, for arrays of its model: the run's choice is one (one_choice).
+        measured = cfg.model if chief and not data.datasets else None
+        plan = engine.plan(resolved, steps, cfg, model=measured, jit_compile=jit_compile, inputs=data)
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc
-    plan = one_choice(plan, "tensorflow", resolved, chief)
+    plan = one_choice(plan, engine.framework, resolved, chief)
     _say(f"[trainer] perf: {plan.describe()}")
-    keras.utils.set_random_seed(cfg.seed)
-    train_data = TrainData(data.x_train, data.y_train, cfg.batch_size, cfg.seed)
-    test_ds = eval_dataset(data.x_test, data.y_test, cfg.batch_size)
-    order = DataOrder(cfg.seed, len(data.x_train), cfg.batch_size, steps)
+    shuffle = engine.shuffle if not data.datasets else "the job's tf.data.Dataset"
+    order = DataOrder(cfg.seed, data.train_examples, cfg.batch_size, steps, shuffle=shuffle)
 
-    # Layers built from here on compute in this dtype; a restored model keeps the policy it was saved with.
+    engine.before_build(keras, cfg.seed)
+    # Layers built from here on compute in this dtype, the restored model's too: the plan decides, not a checkpoint.
     keras.mixed_precision.set_global_policy(plan.precision)
-    with resolved.strategy.scope():
-        model, resumed = restore(chooser, first, keras, keras_impl, "tensorflow", _say)
-        if resumed is not None and plan.jit_compile is not None:
-            model.jit_compile = plan.jit_compile  # the plan decides, not the checkpoint (a JAX one says XLA on)
-        if model is None:
-            if chooser.found_any:
-                _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
-            model = build_model(cfg.model, keras)
-            xla = {} if plan.jit_compile is None else {"jit_compile": plan.jit_compile}
-            model.compile(
-                # Keras wraps the optimizer in a LossScaleOptimizer itself under mixed_float16.
-                optimizer=make_optimizer(cfg.optimizer, cfg.learning_rate, keras),
-                loss="sparse_categorical_crossentropy",
-                # Weighted, so the zero-weight padding of the last test batch does not count.
-                weighted_metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="xent")],
-                steps_per_execution=plan.steps_per_execution,
-                **xla,
-            )
-        if plan.dropout == "xla":  # on the model built or restored: the choice is this run's, not the checkpoint's
-            fuse_dropout(model, tf)
-    epochs_done, step, global_step = position(resumed, model, steps, order)
+    with engine.scope(resolved):
+        try:
+            model = build_model(cfg.model, keras, data.example_shape, data.classes or 10)
+        except CodeError as exc:
+            raise TrainerError(str(exc)) from exc
+        data_inputs.check_model(model, cfg.model, data)
+        compile_model(model, cfg, keras, plan, data.labels)
+        engine.after_build(model, plan)
+        resumed = restore_into(model, chooser, first, engine.keras_impl, engine.framework, _say)
+    if resumed is None and chooser.found_any:
+        _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
+    replayable = (True, "") if not data.datasets else (train_data.replayable, train_data.why)
+    epochs_done, step, global_step = position(resumed, model, steps, order, replayable)
     store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
     store.history = chooser.history_for(resumed) if chief else []
+    from runner.train.callbacks import Cursor
+
     return Prepared(
         cfg=cfg,
         ctx=ctx,
-        keras_impl=keras_impl,
+        engine=engine,
         keras=keras,
         resolved=resolved,
         perf=plan,
-        source=source,
-        train_examples=len(data.x_train),
-        test_examples=len(data.x_test),
+        source=data.source,
+        train_examples=data.train_examples,
+        test_examples=data.test_examples,
         steps=steps,
         train_data=train_data,
         test_ds=test_ds,
@@ -273,52 +250,55 @@ def prepare(
         initial_global_step=global_step,
         cursor=Cursor(steps, cfg.epochs, (epochs_done, step), global_step),
         t_start=t_start,
-        versions={"tensorflow": tf.__version__, "keras": keras_version()},
+        versions=versions,
         chief=chief,
+        classes=data.classes,
+    )
+
+
+def _describe_data(data: Any, cfg: TrainingSpec, replicas: int, steps: int) -> str:
+    if data.datasets:
+        what = f"{data.source}: tf.data.Datasets"
+    else:
+        labels = "one-hot" if data.labels == "one_hot" else "class numbers"
+        what = (
+            f"{data.source}: {data.train_examples} train, {data.test_examples} test, examples "
+            f"{tuple(data.x_train.shape[1:])}, {data.classes} classes ({labels})"
+        )
+    return (
+        f"{what}; global batch {cfg.batch_size} = {cfg.batch_size // replicas} per replica x {replicas}; "
+        f"{steps} steps/epoch"
     )
 
 
 def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -> tuple[list[Any], Any]:
-    """The contract's callbacks (position, metrics, progress, TensorBoard, checkpoints) and the StopSignal, which
-    notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress (tests inject it).
-    A process that does not write the run directory (not run.chief) keeps the position, prints progress and stops
-    on a signal where the others do, and saves its checkpoints where the chief does, but to a scratch directory
-    (its run.store: checkpoints.scratch_dir)."""
+    """The contract's callbacks (runner.train.library.contract_callbacks: the same as a user's fit gets) and the
+    StopSignal, which notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress
+    (tests inject it)."""
     from runner.train import agreement
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
+    from runner.train.library import contract_callbacks
 
-    cfg, keras = run.cfg, run.keras
+    cfg = run.cfg
     stop = cb.StopSignal()
-    cursor = run.cursor
-    policy = CheckpointPolicy(cfg.checkpoint_epochs, cfg.checkpoint_seconds, cfg.epochs, clock)
-    checkpointer = cb.Checkpointer(
-        run.store,
-        cursor,
-        policy,
-        stop,
-        run.keras_impl,
-        run.data_order,
-        run.resumed.checkpoint if run.resumed else None,
+    callbacks = contract_callbacks(
+        keras=run.keras,
+        ctx=run.ctx,
+        cursor=run.cursor,
+        store=run.store,
+        policy=CheckpointPolicy(cfg.checkpoint_epochs, cfg.checkpoint_seconds, cfg.epochs, clock),
+        stop=stop,
+        keras_impl=run.keras_impl,
+        data_order=run.data_order,
+        saved_at=run.resumed.checkpoint if run.resumed else None,
         framework=run.framework,
         agreement=agreement.for_run(run.framework, run.resolved),
+        chief=run.chief,
+        global_batch=cfg.batch_size,
+        clock=clock,
     )
-    checkpointer.set_model(run.model)  # a stop between two fits saves before any fit has set it
-    if not run.chief:
-        return [cursor, cb.Progress(cursor, cfg.batch_size, None, clock), checkpointer], stop
-    if run.framework == "jax":
-        board: Any = cb.ScalarBoard(run.ctx.tensorboard_dir)  # keras' TensorBoard writes through TensorFlow
-    else:
-        board = keras.callbacks.TensorBoard(
-            str(run.ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
-        )
-    callbacks = [
-        cursor,  # first: the others read the position it keeps
-        cb.EpochMetrics(run.ctx.metrics_file, cursor, cfg.batch_size),
-        cb.Progress(cursor, cfg.batch_size, run.ctx.progress_file, clock),
-        board,
-        checkpointer,  # last: an epoch's checkpoint follows its metrics row
-    ]
+    _find(callbacks, cb.Checkpointer).set_model(run.model)  # a stop between two fits saves before any fit set it
     return callbacks, stop
 
 
@@ -338,26 +318,15 @@ def fit(run: Prepared, callbacks: list[Any], until_epoch: int, from_epoch: int |
         if checkpointer.stopping():  # came between two fits
             checkpointer.stop_here()
             return
-        cursor.begin(index, skip)
-        try:
-            run.model.fit(
-                run.train_data.epoch(index, skip),
-                epochs=index + 1,
-                initial_epoch=index,
-                validation_data=run.test_ds,
-                callbacks=callbacks,
-                verbose=0,
-                shuffle=False,  # the epoch's order is fixed by TrainData
-            )
-        except cb.TrainingInterrupted:
-            # fit ended without on_train_end: close TensorBoard's writers so the event files are complete.
-            for callback in callbacks:
-                if isinstance(callback, run.keras.callbacks.TensorBoard):
-                    callback.on_train_end()
-                elif isinstance(callback, cb.ScalarBoard):
-                    callback.close()
-            _find(callbacks, cb.Progress).write()
-            raise
+        run.model.fit(
+            run.train_data.epoch(index, skip),
+            epochs=index + 1,
+            initial_epoch=index,
+            validation_data=run.test_ds,
+            callbacks=callbacks,
+            verbose=0,
+            shuffle=False,  # the epoch's order is fixed by the feed
+        )
         skip = 0
         if checkpointer.stopped:  # decided at the epoch's end (a signal during its last step or validation)
             return
@@ -370,10 +339,11 @@ def finish(run: Prepared) -> dict[str, Any]:
     cfg, ctx = run.cfg, run.ctx
     results = run.model.evaluate(run.test_ds, verbose=0, return_dict=True)
     rows = cb.read_jsonl(ctx.metrics_file)
-    epoch_times = [r["epoch_time_s"] for r in rows]
+    epoch_times = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     # The first epoch of a process compiles the step function; like the notebook, report the others.
-    ran = [r for r in rows if r["epoch"] > run.initial_epoch]
-    steady = [r["examples_per_s"] for r in ran[1:]] or [r["examples_per_s"] for r in ran or rows]
+    timed = [r for r in rows if "examples_per_s" in r]
+    ran = [r for r in timed if r.get("epoch", 0) > run.initial_epoch]
+    steady = [r["examples_per_s"] for r in ran[1:]] or [r["examples_per_s"] for r in ran or timed]
     newest = run.store.history[0].file if run.store.history else None
     global_step = run.cursor.global_step
     resumed = run.resumed.checkpoint if run.resumed else None
@@ -381,8 +351,9 @@ def finish(run: Prepared) -> dict[str, Any]:
         "run_id": ctx.run_id,
         "state": "succeeded",
         "model": cfg.model,
-        "dataset": cfg.dataset,
+        "dataset": cfg.dataset if cfg.data is None else run.source,
         "data_source": run.source,
+        "classes": run.classes or None,
         "epochs": cfg.epochs,
         "steps_per_epoch": run.steps,
         "global_step": global_step,
@@ -418,7 +389,7 @@ def finish(run: Prepared) -> dict[str, Any]:
 
 def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     if cfg.framework == "jax":
-        from runner.train.jax_engine import keep_tensorflow_out
+        from runner.train.engines.jax import keep_tensorflow_out
 
         keep_tensorflow_out()  # the trainer's own process only: prepare() may be driven by code that wants TF
     milestones = Milestones(ctx)
@@ -430,12 +401,13 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
-    checkpointer = _find(callbacks, Checkpointer)
-    # With several processes only an agreed stop ends here: one that came after the last agreement point finishes
-    # with the others (the final evaluation is collective too).
-    if checkpointer.stopped or (checkpointer.agreement is None and stop.signum is not None):
+    # A stop after the last epoch's steps (its validation, or after fit) leaves nothing to train: the run ends
+    # as it would have, evaluated and summarized, within the stop's grace; with several processes only an agreed
+    # stop ends here (the final evaluation is collective too).
+    if _find(callbacks, Checkpointer).stopped and run.cursor.position[0] < cfg.epochs:
         _say("[trainer] stopped before the end; the newest checkpoint is kept for a resume")
         raise SystemExit(stop.exit_code)
+    stop.finished = True
     return finish(run)
 
 

@@ -420,8 +420,8 @@ def test_a_jax_image_runs_the_supervisor_and_the_mirror_without_tensorflow(jax_p
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    importlib.util.find_spec("runner.train.jax_engine") is None,
-    reason="the JAX engine (training.framework: jax, runner/train/jax_engine.py) is not in this checkout",
+    importlib.util.find_spec("runner.train.engines.jax") is None,
+    reason="the JAX engine (training.framework: jax, runner/train/engines/jax.py) is not in this checkout",
 )
 def test_a_jax_image_trains_with_framework_jax_without_tensorflow(
     jax_python: str, tmp_path: Path, mnist_npz: Path

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from runner import contract
@@ -149,12 +150,43 @@ def test_tf_keras_checkpoint_cannot_be_resumed_by_keras3(tmp_path: Path, mnist_n
     assert "resumed from ckpt-000001.keras" in resumed
 
 
+def test_data_the_model_cannot_take_is_refused_before_training(tmp_path: Path, mnist_npz: Path) -> None:
+    """The Dense guide's (N, 784) input given to the built-in CNN, and labels of a model of yours that has too few
+    outputs: each is one message naming the array, its shape and the fix, before a step is trained."""
+    from runner import datasets
+
+    real = datasets.load_npz(mnist_npz)
+    flat = tmp_path / "flat.npz"
+    np.savez(flat, x_train=real.x_train[:256].reshape(-1, 784), y_train=real.y_train[:256],
+             x_test=real.x_test[:64].reshape(-1, 784), y_test=real.y_test[:64])  # fmt: skip
+    (tmp_path / "narrow.py").write_text(
+        "def build(input_shape, keras):\n"
+        "    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(5)])\n"
+    )
+    cnn = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"], env=worker_env(tmp_path / "cnn", mnist_npz, data=str(flat)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    narrow = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"], env=worker_env(tmp_path / "narrow", mnist_npz, model="narrow:build"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    out = cnn.communicate(timeout=300)[0]
+    assert cnn.returncode == 2, out[-3000:]
+    assert "x_train has shape (256, 784), but mnist_cnn takes images" in out
+    assert "Epoch" not in out and "Traceback" not in out
+    out = narrow.communicate(timeout=300)[0]
+    assert narrow.returncode == 2, out[-3000:]
+    assert "the labels name 10 classes, but the model's output has 5 units" in out
+    assert "Epoch" not in out and "Traceback" not in out
+
+
 def test_bad_data_file_is_a_clear_error(tmp_path: Path, mnist_npz: Path) -> None:
     bogus = tmp_path / "bogus.npz"
     bogus.write_bytes(b"not a zip")
     result = train(tmp_path / "run", mnist_npz, data=str(bogus))
     assert result.returncode == 2
-    assert "not an MNIST .npz" in result.stdout
+    assert "not a .npz with x_train, y_train, x_test, y_test" in result.stdout
     assert json.loads((tmp_path / "run" / "exit" / "worker-0.json").read_text())["state"] == "failed"
 
 
@@ -287,11 +319,21 @@ def corrupt_crc(path: Path) -> None:
 
 
 def make_unloadable(directory: Path, name: str) -> None:
-    """An intact archive (it verifies: the manifest is updated to match) whose model config Keras cannot build."""
+    """An intact archive (it verifies: the manifest is updated to match) that is not this model's: its weights
+    file lacks a layer's kernel, as another model's would."""
+    import io
+
+    import h5py
+
     path = directory / name
     with zipfile.ZipFile(path) as archive:
         members = {m: archive.read(m) for m in archive.namelist()}
-    members["config.json"] = json.dumps({"class_name": "NoSuchLayer", "config": {}}).encode()
+    buffer = io.BytesIO(members["model.weights.h5"])
+    with h5py.File(buffer, "r+") as weights:
+        kernels: list[str] = []
+        weights.visititems(lambda key, obj: kernels.append(key) if isinstance(obj, h5py.Dataset) else None)
+        del weights[kernels[0]]
+    members["model.weights.h5"] = buffer.getvalue()
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
         for member, data in members.items():
             archive.writestr(member, data)
@@ -344,7 +386,7 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
         f"[trainer] skipping ckpt-000003.keras: crc32c mismatch (manifest {listed['ckpt-000003.keras'].crc32c}, "
         f"file {torn_crc})"
     ) in out
-    assert "[trainer] skipping ckpt-000002.keras: failed to load (" in out
+    assert re.search(r"\[trainer\] skipping ckpt-000002\.keras: (failed to load|it holds)", out), out[-3000:]
     assert "[trainer] resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in out
     assert "Traceback" not in out
     summary = json.loads((torn / contract.SUMMARY).read_text())
