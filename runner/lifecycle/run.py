@@ -41,7 +41,7 @@ from runner.storage import Storage, open_storage
 from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.timings import Timings
 from runner.watch import runs
-from runner.watch.events import Event, EventLog
+from runner.watch.events import Event, EventLog, read_events
 from runner.watch.follow import follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
@@ -88,6 +88,26 @@ def start_record(plan: Plan, storage: Storage) -> RunRecord:
     return runs.save(record)
 
 
+def share_data(plan: Plan, say: Callable[[str], None]) -> None:
+    """This machine's data cache beside the run directory, where a TPU VM's job finds it ($RUNNER_DATA_URL:
+    runner.datasets reads it into the job's own cache), copied once per storage: `load_dataset("mnist")` then works
+    on the VM as it does here, with no download from a host the VM may not reach."""
+    url = plan.env.get(contract.DATA_URL)
+    from runner import datasets
+
+    local = datasets.mnist_path(fetch=False) if url else None
+    if url is None or local is None:
+        return
+    target = open_storage(url)
+    try:
+        present = {o.key: o.size for o in target.list(datasets.MNIST_NPZ)}
+        if present.get(datasets.MNIST_NPZ) != local.stat().st_size:
+            target.upload_file(local, datasets.MNIST_NPZ)
+            say(f"copied the data cache's {datasets.MNIST_NPZ} to {url}/ for the job")
+    except (RunnerError, OSError) as exc:  # the job can still download it itself, or read its own data
+        say(f"warning: could not copy the data cache to {url}: {exc}")
+
+
 class RunnerHeartbeat:
     """While the runner watches, `runner-heartbeat` in the run directory says so (every `every_s`). A run that set
     teardown.runner_heartbeat_timeout stops itself, and its VM goes, when this stops for longer than that."""
@@ -125,6 +145,21 @@ def _show_event(event: Event, say: Callable[[str], None]) -> None:
     say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
+def resume_note(storage: Storage) -> str:
+    """What the next attempt continues from, as the run directory shows it: a job that wrote no checkpoints is not
+    promised a resume."""
+    try:
+        saved = [o for o in storage.list(contract.CHECKPOINTS + "/") if not o.key.rpartition("/")[2].startswith(".")]
+    except RunnerError:
+        return "the job resumes from its newest checkpoint, if it wrote one (the run directory cannot be read now)"
+    if not saved:
+        return (
+            f"the job starts over: it wrote no checkpoints to {contract.CHECKPOINT_DIR} "
+            "(runner.train.keras_callbacks() writes them)"
+        )
+    return "the job resumes from its newest checkpoint"
+
+
 class _Retry(Exception):
     """Replace the machine and run again (a preemption, a silent boot, a failure with retries left)."""
 
@@ -141,6 +176,8 @@ class Run:
         on_output: Callable[[bytes], None],
         timings: Timings | None = None,
         grace_s: float = 30.0,
+        previous: RunRecord | None = None,
+        overrides: list[str] | None = None,
     ) -> None:
         self.plan, self.backend, self.say, self.on_output = plan, backend, say, on_output
         timings = timings or Timings()
@@ -149,10 +186,18 @@ class Run:
         self.grace_s = grace_s
         self.status_every_s = 0.0 if backend.ephemeral else timings.machine_status_every_s
         self.storage = open_storage(plan.run_dir)
-        self.record = start_record(plan, self.storage)
+        if previous is None:
+            self.record = start_record(plan, self.storage)
+        else:  # `runner resume`: a new attempt of a run that ended short (runner.lifecycle.resume)
+            from runner.lifecycle.resume import continue_record
+
+            self.record = continue_record(plan, self.storage, previous, overrides or [])
         self.events = EventLog(self.storage, "runner")
         self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
         self.seen: set[tuple[float, str, str]] = set()
+        if previous is not None:  # what the earlier attempts wrote was shown then
+            self.tail.skip_existing()
+            self.seen = {(e.time, e.source, e.event) for e in read_events(self.storage)}
         self.handle: Handle | None = None
         self.state = RunState.PENDING
         self.reason: str | None = None
@@ -275,7 +320,7 @@ class Run:
             what = "the machine was preempted: recreating it"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
-            self.say(f"{what} ({self.preemptions}/{retries.preemptions}); the job resumes from its newest checkpoint")
+            self.say(f"{what} ({self.preemptions}/{retries.preemptions}); {resume_note(self.storage)}")
             if slices > 1:
                 self._let_the_chief_save()
             raise _Retry
@@ -404,6 +449,15 @@ class Run:
     def execute(self, detach: bool) -> Outcome:
         hurry.clear()
         self.events.emit("submitted", backend=self.plan.backend, spec=self.plan.spec_path)
+        share_data(self.plan, self.say)
+        if self.record.attempts:
+            before = self.record.attempts[-1]
+            self.events.emit(
+                "resumed",
+                attempt=len(self.record.attempts) + 1,
+                after=str(before.state),
+                overrides=self.record.overrides,
+            )
         left_running = False
         try:
             with signals_raise(), RunnerHeartbeat(self.storage):
@@ -453,12 +507,25 @@ def submit(
     detach: bool = False,
     timings: Timings | None = None,
     grace_s: float = 30.0,
+    previous: RunRecord | None = None,
+    overrides: list[str] | None = None,
 ) -> Outcome:
+    """Run `plan` on `backend` from start to end; `previous`: the record of the run this continues (runner resume),
+    with the --set `overrides` it was given."""
     if detach and plan.spec.teardown.runner_heartbeat_timeout:
         raise UsageError(
             "--detach and teardown.runner_heartbeat_timeout do not go together: the run would stop "
             "itself once this runner returns",
             hint="drop one of them",
         )
-    run = Run(plan, backend, say=say, on_output=on_output, timings=timings, grace_s=grace_s)
+    run = Run(
+        plan,
+        backend,
+        say=say,
+        on_output=on_output,
+        timings=timings,
+        grace_s=grace_s,
+        previous=previous,
+        overrides=overrides,
+    )
     return run.execute(detach)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,10 +30,13 @@ Change = tuple[int, str, Path, tuple[int, int]]  # (mtime_ns, key, path, (size, 
 
 
 def checkpoint_keep(environ: Mapping[str, str]) -> int:
-    """training.checkpoint_keep from the job's environment ($RUNNER_TRAINING), else the default; without pydantic,
-    so the supervisor stays light."""
+    """How many checkpoints the run keeps ($RUNNER_CHECKPOINT_KEEP; from runs planned before it,
+    training.checkpoint_keep in $RUNNER_TRAINING), else the default; without pydantic, so the supervisor stays
+    light."""
     try:
-        keep = json.loads(environ.get(contract.TRAINING) or "{}").get("checkpoint_keep")
+        keep = environ.get(contract.CHECKPOINT_KEEP) or json.loads(environ.get(contract.TRAINING) or "{}").get(
+            "checkpoint_keep"
+        )
         return int(keep) if keep else DEFAULT_KEEP
     except (ValueError, TypeError, AttributeError):
         return DEFAULT_KEEP
@@ -103,12 +107,40 @@ class Mirror:
         return True
 
     def pull_resume_state(self, worker: int) -> list[str]:
-        """Bring back what a restarted job continues from: the checkpoint manifest and every checkpoint it lists
-        (the trainer resumes from the newest that verifies), the metrics so far, and this worker's own log and
-        events (their writers append to them). When the manifest is missing, unreadable or names missing objects,
-        the newest keep+1 checkpoints found by listing are fetched as well, for the trainer's directory scan."""
+        """Bring back what a restarted job continues from, on a new machine as on the old one: the metrics so far,
+        this worker's own log and events (their writers append to them), and the newest checkpoints in
+        RUNNER_CHECKPOINT_DIR, whoever wrote them (restore_checkpoints)."""
         own = (contract.METRICS, contract.log_key(worker), contract.events_key(f"worker-{worker}"))
         pulled = [key for key in own if self._pull(key)]
+        return pulled + self.restore_checkpoints()
+
+    def restore_checkpoints(self) -> list[str]:
+        """The newest set of checkpoints in the run directory's checkpoints/, not its whole history:
+
+        * the runner's own (runner.train: the built-in trainer, keras_callbacks()): latest.json and every
+          checkpoint it lists (the trainer resumes from the newest that verifies); when it is missing,
+          unreadable or names missing objects, the newest keep+1 ckpt-* files found by listing, for the
+          trainer's directory scan;
+        * a job's own files (Keras' BackupAndRestore and ModelCheckpoint, a TensorFlow checkpoint manager, any
+          other): every file whose name holds no number (a backup rewritten in place, TensorFlow's `checkpoint`
+          index), and of each series of names that differ only in their numbers (model-03.keras,
+          ckpt-5.index + ckpt-5.data-00000-of-00001), the `keep` with the highest numbers (in each directory,
+          the numbers a series shares: a TensorFlow checkpoint's index and data files come back together)."""
+        prefix = f"{contract.CHECKPOINTS}/"
+        try:
+            listed = [o.key for o in self.storage.list(prefix)]
+        except StorageError as exc:
+            log.warning("could not list %s: %s", prefix, exc)
+            listed = []
+        runner_keys = [
+            k for k in listed if parse_name(k.rpartition("/")[2]) is not None or k == contract.LATEST_CHECKPOINT
+        ]
+        pulled = self._restore_runner_checkpoints(set(listed))
+        others = [k for k in listed if k not in runner_keys and not k.rpartition("/")[2].startswith(".")]
+        return pulled + [key for key in newest_sets(others, self.keep) if self._pull(key)]
+
+    def _restore_runner_checkpoints(self, listed: set[str]) -> list[str]:
+        pulled: list[str] = []
         problem: str | None = None
         try:
             raw = self.storage.read_bytes(contract.LATEST_CHECKPOINT)
@@ -130,23 +162,51 @@ class Mirror:
         # After the checkpoints it names; even when unreadable, so that the trainer says so and scans instead.
         if raw is not None and self._pull(contract.LATEST_CHECKPOINT):
             pulled.append(contract.LATEST_CHECKPOINT)
-        if problem:
-            pulled += self._pull_newest(problem, exclude=set(pulled))
+        if problem and (raw is not None or listed):
+            pulled += self._pull_newest(problem, exclude=set(pulled), listed=listed)
         return pulled
 
-    def _pull_newest(self, problem: str, exclude: set[str]) -> list[str]:
-        try:
-            listed = self.storage.list(f"{contract.CHECKPOINTS}/")
-        except StorageError as exc:
-            log.warning("%s %s, and listing the checkpoints failed: %s", contract.LATEST_CHECKPOINT, problem, exc)
-            return []
+    def _pull_newest(self, problem: str, exclude: set[str], listed: set[str]) -> list[str]:
         found = []
-        for obj in listed:
-            name = obj.key.rpartition("/")[2]
-            position = parse_name(name)
-            if position is not None and obj.key == f"{contract.CHECKPOINTS}/{name}":
-                found.append((position, obj.key))
+        for key in listed:
+            position = parse_name(key.rpartition("/")[2])
+            if position is not None:
+                found.append((position, key))
         newest = [key for _position, key in sorted(found, reverse=True)[: self.keep + 1] if key not in exclude]
         if newest:
             log.warning("%s %s; fetching the newest checkpoints: %s", contract.LATEST_CHECKPOINT, problem, newest)
         return [key for key in newest if self._pull(key)]
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _runner_checkpoint(key: str) -> bool:
+    """The manifest, or a checkpoint the runner's trainer names (ckpt-EEEEEE[-sSSSSSS].keras) at the top level."""
+    name = key.rpartition("/")[2]
+    return key == contract.LATEST_CHECKPOINT or (
+        key == f"{contract.CHECKPOINTS}/{name}" and parse_name(name) is not None
+    )
+
+
+def newest_sets(keys: list[str], keep: int) -> list[str]:
+    """Of a job's own checkpoint files, those a restart needs (Mirror.restore_checkpoints): names without numbers,
+    and per directory the files carrying one of the `keep` highest number tuples of their series."""
+    by_dir: dict[str, list[str]] = {}
+    for key in keys:
+        by_dir.setdefault(key.rpartition("/")[0], []).append(key)
+    chosen: list[str] = []
+    for directory_keys in by_dir.values():
+        series: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+        for key in directory_keys:
+            name = key.rpartition("/")[2]
+            numbers = tuple(int(n) for n in _NUMBER.findall(name))
+            if not numbers:
+                chosen.append(key)
+                continue
+            series.setdefault(_NUMBER.sub("#", name), []).append((numbers, key))
+        # The first number orders a series (an epoch, a step, a save count); a set is what shares it.
+        for members in series.values():
+            firsts = sorted({numbers[0] for numbers, _ in members}, reverse=True)[:keep]
+            chosen += [key for numbers, key in members if numbers[0] in firsts]
+    return sorted(chosen)

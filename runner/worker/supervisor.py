@@ -225,6 +225,31 @@ class Supervisor:
         if self.safety_stop:
             print(f"[runner] {self.safety_stop}: stopping the job", file=sys.stderr, flush=True)
 
+    def restore(self) -> list[str]:
+        """What a new machine needs from the run directory before the job starts (Mirror.pull_resume_state: the
+        newest checkpoints, whoever wrote them), said in the job's log; a local run directory is the output
+        directory already."""
+        if self.mirror is None:
+            return []
+        t0 = time.monotonic()
+        pulled = self.mirror.pull_resume_state(self.worker)
+        restored = [key for key in pulled if key.startswith(f"{contract.CHECKPOINTS}/")]
+        if restored:
+            size = sum((self.output / key).stat().st_size for key in restored if (self.output / key).is_file())
+            self.note(
+                f"[runner] restored {len(restored)} checkpoint file(s), {size / 1e6:.1f} MB, from the run directory "
+                f"into {contract.CHECKPOINT_DIR} in {time.monotonic() - t0:.1f}s"
+            )
+        return pulled
+
+    def note(self, line: str) -> None:
+        """A line of the supervisor's own in the job's log (and on its output), where `runner logs` shows it."""
+        print(line, flush=True)
+        log_file = self.output / contract.log_key(self.worker)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("a") as log:
+            log.write(line + "\n")
+
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             return
@@ -237,7 +262,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        pulled = self.mirror.pull_resume_state(self.worker) if self.mirror else []
+        pulled = self.restore()
         events = EventLog(self.local, f"worker-{self.worker}")
         cmd = self.command()
         events.emit(
@@ -286,9 +311,14 @@ class Supervisor:
     def finish(self, events: EventLog, returncode: int | None, error: str | None) -> int:
         # A negative return code is the signal that killed the job; report it as a shell would (128 + signal).
         code = 127 if returncode is None else returncode if returncode >= 0 else 128 - returncode
-        if self.safety_stop:
-            code = EXIT_SAFETY_STOP
-        state = RunState(self.stop_reason or ("succeeded" if code == 0 else "failed"))
+        if code == 0:
+            # The job finished its work, whatever asked it to stop meanwhile (a SIGTERM after its training ended).
+            state = RunState.SUCCEEDED
+            if self.stop_reason:
+                print("[runner] the job finished its work before it stopped", file=sys.stderr, flush=True)
+        else:
+            code = EXIT_SAFETY_STOP if self.safety_stop else code
+            state = RunState(self.stop_reason or "failed")
         record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail))
         self.local.write_bytes(contract.exit_key(self.worker), json.dumps(record.to_json(), indent=1).encode())
         events.emit("worker_exited", state=str(state), exit_code=code)

@@ -130,3 +130,65 @@ def test_keep_comes_from_the_training_section() -> None:
     assert checkpoint_keep({contract.TRAINING: json.dumps({"checkpoint_keep": 5})}) == 5
     assert checkpoint_keep({contract.TRAINING: "not json"}) == 2
     assert checkpoint_keep({}) == 2
+
+
+def test_keep_comes_from_the_run_s_checkpoint_setting_first() -> None:
+    assert checkpoint_keep({contract.CHECKPOINT_KEEP: "4", contract.TRAINING: json.dumps({"checkpoint_keep": 5})}) == 4
+
+
+# What a job's own checkpointing leaves in RUNNER_CHECKPOINT_DIR (names as Keras and TensorFlow write them).
+JOB_OWN = [
+    # keras.callbacks.BackupAndRestore(backup_dir=$RUNNER_CHECKPOINT_DIR/backup, double_checkpoint=True): rewritten
+    "checkpoints/backup/latest.weights.h5",
+    "checkpoints/backup/latest.weights.h5.bkp",
+    "checkpoints/backup/training_metadata.json",
+    # ModelCheckpoint("model-{epoch:02d}-{val_loss:.2f}.keras"), one per epoch
+    "checkpoints/model-01-0.31.keras",
+    "checkpoints/model-02-0.22.keras",
+    "checkpoints/model-03-0.18.keras",
+    "checkpoints/model-10-0.09.keras",
+    # tf.train.CheckpointManager: an index and data file per save, and its `checkpoint` file naming the latest
+    "checkpoints/tf/checkpoint",
+    "checkpoints/tf/ckpt-4.index",
+    "checkpoints/tf/ckpt-4.data-00000-of-00001",
+    "checkpoints/tf/ckpt-5.index",
+    "checkpoints/tf/ckpt-5.data-00000-of-00001",
+    "checkpoints/tf/ckpt-6.index",
+    "checkpoints/tf/ckpt-6.data-00000-of-00001",
+]
+
+
+def test_the_newest_set_of_a_job_s_own_checkpoints_not_its_history() -> None:
+    from runner.worker.mirror import newest_sets
+
+    assert newest_sets(JOB_OWN, keep=2) == sorted(
+        [
+            "checkpoints/backup/latest.weights.h5",
+            "checkpoints/backup/latest.weights.h5.bkp",
+            "checkpoints/backup/training_metadata.json",
+            "checkpoints/model-03-0.18.keras",  # by epoch, the first number: 10 after 3, not lexical order
+            "checkpoints/model-10-0.09.keras",
+            "checkpoints/tf/checkpoint",
+            "checkpoints/tf/ckpt-5.data-00000-of-00001",  # each save's index and data come back together
+            "checkpoints/tf/ckpt-5.index",
+            "checkpoints/tf/ckpt-6.data-00000-of-00001",
+            "checkpoints/tf/ckpt-6.index",
+        ]
+    )
+
+
+def test_a_new_machine_gets_back_a_job_s_own_checkpoints_beside_the_runner_s(run_dir: str, tmp_path: Path) -> None:
+    """A preempted command job's files in the bucket reach the recreated VM's RUNNER_CHECKPOINT_DIR: the newest
+    `keep` of each series, every file rewritten in place, and the runner's own manifest and checkpoints."""
+    store, _, _ = trained(run_dir, tmp_path / "vm1", epochs=3, keep=2)
+    for key in JOB_OWN:
+        store.write_bytes(key, key.encode())
+    local = tmp_path / "vm2"
+    pulled = Mirror(local, store, keep=2).pull_resume_state(worker=0)
+    on_disk = sorted(p.relative_to(local).as_posix() for p in (local / contract.CHECKPOINTS).rglob("*") if p.is_file())
+    ours = ["checkpoints/ckpt-000002.keras", "checkpoints/ckpt-000003.keras", contract.LATEST_CHECKPOINT]
+    from runner.worker.mirror import newest_sets
+
+    assert on_disk == sorted(ours + newest_sets(JOB_OWN, keep=2))
+    assert set(on_disk) <= set(pulled)
+    assert (local / "checkpoints/tf/ckpt-6.index").read_bytes() == b"checkpoints/tf/ckpt-6.index"
