@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from runner.cli.output import echo, print_rows, rows_text, say, style, write_output
-from runner.cli.typer_app import SetOpt, SpecArg, app
+from runner.cli.typer_app import RunArg, SetOpt, SpecArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
@@ -57,7 +57,7 @@ def submit(
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
 ) -> None:
     """Validate the spec, provision the machine, ship the container, train, collect, and tear down."""
-    from runner.errors import PlanError, UsageError
+    from runner.errors import UsageError
     from runner.spec.loader import load_spec
     from runner.timings import Timings
 
@@ -71,29 +71,109 @@ def submit(
     timings = Timings.from_env()
     # --budget is an override like any --set: validated (and located) like the file's own `budget:`.
     spec = load_spec(spec_path, [*set_values, *([f"budget={budget}"] if budget is not None else [])])
-    what = (
-        f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
-        f"{spec.training.batch_size}"
-        if spec.training
-        else f"`{spec.command_line}`"
-    )
-    backend: Backend[Any]
     problems: list[PlanError] = []
     if local:
-        from runner.backends.local import LocalBackend
         from runner.plan.planner import plan_local
 
         plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
-        backend = LocalBackend(prefer="process" if process else None)
     else:
-        from runner.backends.tpu_vm import TpuVmBackend
         from runner.plan.planner import Problems, plan_cloud
 
         problems = Problems()  # every pre-flight problem, not only the first
         plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
         if not dry_run:
             problems.raise_all()
-        backend = TpuVmBackend(say=say, timings=timings)
+    launch(plan, backend_for(plan, process, timings), problems, dry_run=dry_run, detach=detach, timings=timings)
+
+
+@app.command()
+def resume(
+    run: RunArg,
+    local: Annotated[
+        bool, typer.Option("--local", help="Continue it on this machine, whatever backend it ran on before.")
+    ] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the job has started.")] = False,
+    process: Annotated[
+        bool, typer.Option("--process", help="With a local run: the entrypoint as a process even if Docker is there.")
+    ] = False,
+    set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
+) -> None:
+    """Continue a cancelled, failed, timed-out or hung run in its own run directory, from its newest checkpoint:
+    the same run id, a new attempt in its history, the spec it recorded (with --set overrides, recorded too), on
+    the backend it ran on (or this machine with --local)."""
+    from runner.lifecycle.resume import check_resumable, recorded_spec
+    from runner.plan.planner import Continued
+    from runner.storage import open_storage
+    from runner.timings import Timings
+    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.rundir import read_snapshot
+
+    record = resolve(run)
+    storage = open_storage(record.run_dir)
+    warnings: list[str] = []
+    state = current_state(without_bad_handle(record, warnings), read_snapshot(storage, with_metrics=False))
+    for warning in warnings:
+        say(f"warning: {warning}")
+    check_resumable(record, state)
+    spec = recorded_spec(storage, record.run_dir, set_values)
+    continued = Continued(record.run_id, record.run_dir)
+    timings = Timings.from_env()
+    if local or record.backend == "local":
+        from runner.plan.planner import plan_local
+
+        workers = record.num_workers if record.backend == "local" else 1
+        plan = plan_local(spec, record.spec_path, workers=workers, continued=continued)
+    else:
+        from runner.plan.planner import Problems, plan_cloud
+
+        problems = Problems()
+        plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems)
+        problems.raise_all()
+    attempt = len(record.attempts) + 2
+    say(f"resuming {record.run_id} ({state}) as its attempt {attempt}")
+    previous = record.updated(state=state)
+    launch(
+        plan,
+        backend_for(plan, process, timings),
+        [],
+        detach=detach,
+        timings=timings,
+        previous=previous,
+        overrides=list(set_values),
+    )
+
+
+def backend_for(plan: Plan, process: bool, timings: Any) -> Backend[Any]:
+    if plan.cloud is None:
+        from runner.backends.local import LocalBackend
+
+        return LocalBackend(prefer="process" if process else None)
+    from runner.backends.tpu_vm import TpuVmBackend
+
+    return TpuVmBackend(say=say, timings=timings)
+
+
+def launch(
+    plan: Plan,
+    backend: Backend[Any],
+    problems: list[PlanError],
+    *,
+    dry_run: bool = False,
+    detach: bool = False,
+    timings: Any = None,
+    previous: RunRecord | None = None,
+    overrides: list[str] | None = None,
+) -> None:
+    """Print the plan (or the whole dry run), hand the run to the lifecycle, print its end."""
+    from runner.errors import PlanError
+
+    spec = plan.spec
+    what = (
+        f"{spec.training.model} on {spec.training.dataset}, {spec.training.epochs} epochs, batch "
+        f"{spec.training.batch_size}"
+        if spec.training
+        else f"`{spec.command_line}`"
+    )
     rows = [
         ("run", plan.run_id),
         ("job", f"{spec.name}: {what}"),
@@ -113,6 +193,10 @@ def submit(
                 f"directory, {code.WORKSPACE}",
             )
         )
+    from runner import contract
+
+    if url := plan.env.get(contract.DATA_URL):
+        rows.append(("data cache", f"this machine's MNIST, copied to {url}/ once: load_dataset('mnist') on the VM"))
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
@@ -140,7 +224,16 @@ def submit(
             say(f"warning: {warning}")
     from runner import lifecycle
 
-    outcome = lifecycle.submit(plan, backend, say=say, on_output=write_output, detach=detach, timings=timings)
+    outcome = lifecycle.submit(
+        plan,
+        backend,
+        say=say,
+        on_output=write_output,
+        detach=detach,
+        timings=timings,
+        previous=previous,
+        overrides=overrides,
+    )
     finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
 
 

@@ -23,6 +23,11 @@ class LogTail:
         self.key = contract.log_key(worker)
         self.offset = offset
 
+    def skip_existing(self) -> None:
+        """Start after what the log holds now (a resumed run: its earlier attempts' output was shown then)."""
+        sizes = {o.key: o.size for o in self.run_dir.list(contract.LOGS_DIR + "/")}
+        self.offset = sizes.get(self.key, 0)
+
     def read_new(self, *, flush: bool = False) -> bytes:
         """What was written since the last read (`flush`: for LogTails' sake; a single log is passed on as it is)."""
         data = self.run_dir.read_bytes(self.key, start=self.offset) or b""
@@ -41,6 +46,10 @@ class LogTails:
     def __init__(self, run_dir: Storage, workers: int) -> None:
         self.tails = [LogTail(run_dir, w) for w in range(workers)]
         self.partial = [b""] * workers
+
+    def skip_existing(self) -> None:
+        for tail in self.tails:
+            tail.skip_existing()
 
     def read_new(self, *, flush: bool = False) -> bytes:
         out = []

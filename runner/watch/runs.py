@@ -32,6 +32,19 @@ def runner_home() -> Path:
     return Path(base) / "tpu-runner"
 
 
+class Attempt(BaseModel):
+    """One earlier attempt of a run that `runner resume` continued: how it ended."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    started_at: float
+    finished_at: float | None = None
+    state: RunState
+    reason: str | None = None
+    backend: str
+    overrides: list[str] = Field(default_factory=list)  # the --set values this attempt was started with
+
+
 class RunRecord(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -47,6 +60,9 @@ class RunRecord(BaseModel):
     finished_at: float | None = None
     handle: dict[str, Any] = Field(default_factory=dict)
     reason: str | None = None  # why a run ended as it did, when the runner decided it (a deadline, a silent VM)
+    attempts: list[Attempt] = Field(default_factory=list)  # the earlier attempts, oldest first (`runner resume`)
+    started_at: float | None = None  # when this attempt began (created_at for the first)
+    overrides: list[str] = Field(default_factory=list)  # this attempt's --set values
 
     def updated(self, **changes: Any) -> RunRecord:
         return self.model_copy(update=changes)
@@ -136,6 +152,7 @@ def record_from_run_dir(run_info: dict[str, Any], run_dir: str) -> RunRecord:
 def run_info(record: RunRecord) -> bytes:
     """run.json: the part of the record that belongs in the run directory."""
     fields = record.model_dump(
-        mode="json", include={"run_id", "job", "backend", "created_at", "deadline", "num_workers", "handle"}
+        mode="json",
+        include={"run_id", "job", "backend", "created_at", "deadline", "num_workers", "handle", "attempts"},
     )
     return json.dumps(fields, indent=1).encode()

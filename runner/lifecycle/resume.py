@@ -1,0 +1,87 @@
+"""`runner resume RUN`: a run that ended before its job did (cancelled, failed, timed out, hung, lost) goes on, in
+its own run directory, from its newest checkpoint.
+
+The same run id and run directory; a new attempt, whose predecessor is kept in the run's history (RunRecord.attempts,
+and run.json); the spec as the run directory recorded it (spec.yaml, every default filled in), with `--set`
+overrides validated like the file's own fields, recorded in the attempt and in spec.yaml; on the backend the run
+ran on, or this machine with --local. The job itself finds the checkpoints where it left them: the run directory
+on this machine, or restored onto a new TPU VM by its supervisor (runner.worker.mirror). The new attempt gets its
+own max_runtime from now on.
+"""
+
+from __future__ import annotations
+
+import time
+
+from runner import contract
+from runner.errors import StorageError, UsageError
+from runner.plan.planner import Plan
+from runner.spec import JobSpec
+from runner.spec.loader import dump_spec, load_spec_text
+from runner.storage import Storage
+from runner.watch import runs
+from runner.watch.runs import Attempt, RunRecord
+from runner.watch.state import RunState
+
+RESUMABLE = frozenset({RunState.CANCELLED, RunState.FAILED, RunState.TIMED_OUT, RunState.HUNG, RunState.LOST})
+
+
+def check_resumable(record: RunRecord, state: RunState) -> None:
+    """UsageError (exit 2) unless the run has ended short of its end."""
+    if state in RESUMABLE:
+        return
+    if state == RunState.SUCCEEDED:
+        raise UsageError(
+            f"run {record.run_id} succeeded: it ran to its end, and there is nothing left of it to resume",
+            hint="`runner submit` starts a new run; `runner resume` continues one that stopped short",
+        )
+    raise UsageError(
+        f"run {record.run_id} is {state}: it has not ended",
+        hint=f"`runner status {record.run_id}` follows it; `runner down {record.run_id}` stops it, and then it can "
+        "be resumed",
+    )
+
+
+def recorded_spec(storage: Storage, run_dir: str, overrides: list[str]) -> JobSpec:
+    """The spec the run directory recorded, with `overrides` (--set) applied and validated like the file's."""
+    raw = storage.read_bytes(contract.SPEC)
+    if raw is None:
+        raise StorageError(f"{run_dir}/{contract.SPEC} is missing: the run's spec cannot be recovered")
+    return load_spec_text(raw.decode(errors="replace"), f"{run_dir}/{contract.SPEC}", overrides)
+
+
+def continue_record(plan: Plan, storage: Storage, previous: RunRecord, overrides: list[str]) -> RunRecord:
+    """The record of the new attempt, its predecessor in the history; spec.yaml and run.json rewritten, and what
+    the earlier attempt's workers left that would judge this one (exit records, heartbeats, summary) removed."""
+    earlier = Attempt(
+        started_at=previous.started_at or previous.created_at,
+        finished_at=previous.finished_at,
+        state=previous.state,
+        reason=previous.reason,
+        backend=previous.backend,
+        overrides=previous.overrides,
+    )
+    record = previous.updated(
+        backend=plan.backend,
+        spec_path=plan.spec_path,
+        deadline=plan.deadline,
+        num_workers=plan.num_workers,
+        state=RunState.PENDING,
+        finished_at=None,
+        handle={},
+        reason=None,
+        attempts=[*previous.attempts, earlier],
+        started_at=time.time(),
+        overrides=list(overrides),
+    )
+    stale = [
+        *storage.list(contract.EXIT_DIR + "/"),
+        *storage.list(contract.HEARTBEATS_DIR + "/"),
+    ]
+    for info in stale:
+        storage.delete(info.key)
+    for key in (contract.SUMMARY, contract.HEARTBEAT):
+        storage.delete(key)
+    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
+    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
+    return runs.save(record)
