@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,3 +247,78 @@ def test_a_worker_killed_whole_is_lost_and_ends_the_run(
     assert not container.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
     assert not container.group_alive(supervisor_1)
     assert not (Path(record.run_dir) / contract.exit_key(1)).exists()
+
+
+# A user's own script on several workers: TensorFlow's MultiWorkerMirroredStrategy (tf_keras) or JAX processes, each
+# through the runner's resolution, with the runner's one callbacks= line.
+WORKERS_SCRIPT = {
+    "tensorflow": """\
+import os
+import re
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+from runner.datasets import mnist
+from runner.train import keras_callbacks, resolve_strategy
+
+strategy = resolve_strategy().strategy
+(x, y), _ = mnist.load_data()
+x, y = x[:8192].reshape(-1, 784) / 255.0, y[:8192]
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((784,)), tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x, y, epochs=3, batch_size=32, callbacks=keras_callbacks(), verbose=2)
+""",
+    "jax": """\
+import os
+import re
+os.environ["KERAS_BACKEND"] = "jax"
+import keras
+from runner.datasets import mnist
+from runner.train import keras_callbacks, resolve_distribution
+
+resolve_distribution()
+(x, y), _ = mnist.load_data()
+x, y = x[:8192].reshape(-1, 784) / 255.0, y[:8192]
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x, y, epochs=3, batch_size=32, callbacks=keras_callbacks(), verbose=2)
+""",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])
+def test_a_user_script_on_two_workers_stops_at_one_step_and_resumes_exactly(
+    tmp_path: Path, runner_home: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch, framework: str
+) -> None:
+    """keras_callbacks() on several workers: Ctrl-C reaches both, they agree on one step, worker 0 saves it (the
+    other saves to its scratch directory: saving is collective), and `runner resume` runs both on from there; worker
+    0 alone wrote the metrics, one line per epoch, and together the attempts trained every step once."""
+    from tests.test_examples import interrupt_mid_epoch
+
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(mnist_npz.parent))
+    (tmp_path / "train.py").write_text(WORKERS_SCRIPT[framework])
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: mine\nimage: trainer:test\ncommand: [python, {tmp_path / 'train.py'}]\nstorage: {tmp_path}\n"
+    )
+    proc = start(job, "--workers", "2")
+    run_dir = interrupt_mid_epoch(proc, runner_home, f"{framework} on two workers")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    worker_logs = [_log(run_dir, w) for w in (0, 1)]
+    saved = re.search(r"SIGTERM: saved (ckpt-\d{6}-s\d{6}\.keras) at epoch \d+ step \d+", worker_logs[0])
+    assert saved, worker_logs[0][-3000:]
+    assert "stopping with it" in worker_logs[1] or "SIGTERM: saving" in worker_logs[1], worker_logs[1][-3000:]
+    resumed = subprocess.run(
+        [*RUNNER, "resume", run_dir.name], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    metrics = [json.loads(line) for line in (run_dir / contract.METRICS).read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3]
+    assert metrics[-1]["global_step"] == 3 * 256  # 8192 / 32 steps an epoch on every worker: none lost, none twice
+    for worker in (0, 1):
+        assert f"[runner] resumed from {saved.group(1)}" in _log(run_dir, worker)
+        assert json.loads((run_dir / contract.exit_key(worker)).read_text())["state"] == "succeeded"

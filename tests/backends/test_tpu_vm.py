@@ -251,6 +251,63 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
     assert not cloud.nodes()
 
 
+# A user's own Keras script (a `command` job): the Dense guide's network with the runner's one callbacks= line, on
+# the first 16384 MNIST images from the data cache the runner copies beside the run directory for the VM.
+COMMAND_JOB = """\
+import keras
+from runner.datasets import mnist
+from runner.train import keras_callbacks
+
+(x_train, y_train), (x_test, y_test) = mnist.load_data()
+x_train, y_train = x_train[:16384].reshape(-1, 784) / 255.0, y_train[:16384]
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(128, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x_train, y_train, epochs=3, batch_size=32, callbacks=keras_callbacks(), verbose=2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_directory(
+    cloud, tmp_path: Path, bucket_url: str, backend: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A Spot VM taken back while a user's script trains: the recreated VM's supervisor restores the checkpoints the
+    script's keras_callbacks() wrote (the bucket's newest set), and the script goes on from the step the preemption
+    notice saved, on Keras 3 over TensorFlow and over JAX: every optimizer step of the three epochs once."""
+    script = tmp_path / "train.py"
+    script.write_text(COMMAND_JOB)
+    spec = job(
+        tmp_path,
+        bucket_url,
+        f"command: [python, {script}]\nenv: {{KERAS_BACKEND: {backend}}}\n",
+        name=f"own-{backend}",
+    )
+    spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
+    cloud.vm_grace_s = 10.0  # a preempted VM's time between SIGTERM and SIGKILL, as the fault suite gives
+
+    def in_second_epoch(_node, store) -> bool:  # type: ignore[no-untyped-def]
+        raw = store.read_bytes("progress.json")
+        progress = json.loads(raw) if raw else None
+        return bool(progress and progress["epoch"] >= 2 and progress["step"] < progress["steps_per_epoch"] - 50)
+
+    thread, preempted = preempt_when(cloud, in_second_epoch, timeout_s=300, poll_s=0.2)
+    result = submit(str(spec))
+    thread.join(5)
+    assert preempted, "the node was never preempted"
+    assert result.exit_code == 0, result.output
+    assert "the job resumes from its newest checkpoint" in result.output
+    run_dir = f"{bucket_url}/runs/{run_id_of(result.output)}"
+    store = open_storage(run_dir)
+    log = (store.read_bytes("logs/worker-0.log") or b"").decode()
+    assert re.search(r"\[runner\] restored \d+ checkpoint file\(s\), [\d.]+ MB, from the run directory", log), log
+    assert re.search(r"\[runner\] resumed from ckpt-\d{6}(-s\d{6})?\.keras", log), log
+    metrics = [json.loads(line) for line in (store.read_bytes("metrics.jsonl") or b"").splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3]  # one line per epoch, none twice
+    assert metrics[-1]["global_step"] == 3 * 512  # 16384 / 32 steps an epoch: none lost, none trained twice
+    assert not cloud.nodes()
+
+
 @pytest.mark.slow
 def test_a_preemption_past_the_retry_limit_ends_the_run_failed(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
     """retries.preemptions: 0, and the node preempted while its job runs: the runner gives up, and the run is

@@ -1,0 +1,221 @@
+"""examples/: the seed guides' own code as runner jobs. Each is changed from the published code only where it must be
+(the guides' original.py beside each train.py holds them to it), and each, stopped mid-epoch (Ctrl-C, as a user
+would) and continued with `runner resume`, trains exactly the uninterrupted run's optimizer steps with one metrics
+line per epoch; the built-in trainer with a model and data of yours too, on both engines."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runner import contract, datasets
+from tests.train.test_trainer import sigterm_pending
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RUNNER = [sys.executable, "-m", "runner.cli"]
+SEEDS = ("gpu_tpu_guide", "colab_tpu", "gpu_vs_tpu")
+
+
+def changed_lines(example: str) -> list[str]:
+    original = (EXAMPLES / example / "original.py").read_text().splitlines()
+    ours = (EXAMPLES / example / "train.py").read_text().splitlines()
+    return [
+        line
+        for line in difflib.unified_diff(original, ours, lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+
+
+@pytest.mark.parametrize("example", SEEDS)
+def test_each_guide_changes_only_where_it_must(example: str) -> None:
+    """What changes: the data's source (the data cache), the TPU connection (the runner's strategy resolution, which
+    falls back on a machine without one and never quietly on a TPU VM), and one callbacks= for metrics, checkpoints
+    and exact resume (plus their imports); the model, its compile and its training arguments stay the guide's."""
+    changed = changed_lines(example)
+    added = [line[1:] for line in changed if line.startswith("+")]
+    assert any("callbacks=keras_callbacks()" in line for line in added)
+    assert any("from runner.datasets import mnist" in line for line in added)
+    removed = [line[1:] for line in changed if line.startswith("-")]
+    # What goes: the TPU connection, the data's source, the fit's last line; nothing of the model or its compile.
+    connection = r"TPU|tpu|strategy|resolver|Running on|except|try:|mnist|model\.fit\(|validation_data|get_model|^\s*#|^$"
+    for line in removed:
+        assert re.search(connection, line), line
+    assert len([line for line in added if not line.strip().startswith("#")]) <= 7
+
+
+def data_cache(tmp_path: Path, train: int, test: int, name: str = "data") -> Path:
+    """A data cache holding the first `train` and `test` examples of real MNIST, under the cache's own name, so that
+    the guides' unchanged mnist.load_data() lines read a slice."""
+    real = datasets.load_npz(datasets.fetch_mnist())
+    cache = tmp_path / name
+    cache.mkdir()
+    np.savez_compressed(
+        cache / datasets.MNIST_NPZ,
+        x_train=real.x_train[:train],
+        y_train=real.y_train[:train],
+        x_test=real.x_test[:test],
+        y_test=real.y_test[:test],
+    )
+    return cache
+
+
+def copy_example(example: str, tmp_path: Path) -> Path:
+    where = tmp_path / example
+    shutil.copytree(EXAMPLES / example, where, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+    return where
+
+
+def env_for(home: Path, cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    # The precision as on a CPU without native bfloat16: these tests are about steps, not speed choices.
+    return {
+        **env,
+        "RUNNER_HOME": str(home),
+        "RUNNER_DATA_DIR": str(cache),
+        "RUNNER_CPU_FLAGS": "-avx512_bf16,-amx_bf16",
+    }
+
+
+def run_dir_of(home: Path) -> Path | None:
+    records = list((home / "runs").glob("*.json")) if (home / "runs").is_dir() else []
+    return Path(json.loads(records[0].read_text())["run_dir"]) if records else None
+
+
+def job_pid(run_dir: Path) -> int | None:
+    try:
+        lines = (run_dir / "events" / "worker-0.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(e["pid"]) for e in map(json.loads, lines) if e["event"] == "job_started"), None)
+
+
+def mid_epoch(run_dir: Path | None) -> bool:
+    try:
+        progress = json.loads((run_dir / contract.PROGRESS).read_text()) if run_dir else None
+    except (OSError, ValueError):
+        return False
+    steps = progress and progress.get("steps_per_epoch")
+    return bool(progress and steps and progress["epoch"] >= 2 and 0 < progress["step"] < steps - 1)
+
+
+def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> Path:
+    """Ctrl-C the runner while its job is inside an epoch after the first: the job is frozen where it was seen, so
+    that the SIGTERM the runner sends lands mid-epoch however loaded the machine is."""
+    deadline = time.monotonic() + 300
+    while not mid_epoch(run_dir_of(home)):
+        assert proc.poll() is None, f"{what} ended before it was seen mid-epoch:\n{proc.communicate()[0][-3000:]}"
+        assert time.monotonic() < deadline, f"{what} never reached a second epoch"
+        time.sleep(0.01)
+    run_dir = run_dir_of(home)
+    assert run_dir is not None
+    pid = job_pid(run_dir)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not sigterm_pending(pid):
+        assert time.monotonic() < deadline, f"{what}: the runner never stopped the job"
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGCONT)
+    return run_dir
+
+
+def rows(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# Per guide: the training examples of its data-cache slice; the CNN's batch of 1024 needs more for several steps.
+SLICES = {"gpu_tpu_guide": 2048, "colab_tpu": 2048, "gpu_vs_tpu": 6144}
+
+
+@pytest.mark.slow
+def test_each_guide_stopped_mid_epoch_and_resumed_trains_the_uninterrupted_steps(tmp_path: Path) -> None:
+    started = {}
+    for example in SEEDS:
+        home, cache = tmp_path / f"home-{example}", data_cache(tmp_path, SLICES[example], 512, f"data-{example}")
+        where = copy_example(example, tmp_path)
+        proc = subprocess.Popen(
+            [*RUNNER, "submit", "job.yaml", "--local"],
+            cwd=where,
+            env=env_for(home, cache),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        started[example] = (proc, home, cache, where)
+    stopped = {}
+    for example, (proc, home, _cache, _where) in started.items():
+        run_dir = interrupt_mid_epoch(proc, home, example)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 130, out[-3000:]
+        assert re.search(r"SIGTERM: saved ckpt-\d{6}-s\d{6}\.keras", out), out[-3000:]
+        stopped[example] = run_dir
+    resumed = {
+        example: subprocess.Popen(
+            [*RUNNER, "resume", stopped[example].name],
+            cwd=where,
+            env=env_for(home, cache),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for example, (_proc, home, cache, where) in started.items()
+    }
+    for example, proc in resumed.items():
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, out[-3000:]
+        assert f"resuming {stopped[example].name} (cancelled) as its attempt 2" in out
+        assert re.search(r"\[runner\] resumed from ckpt-\d{6}-s\d{6}\.keras: epoch \d+ step \d+ of \d+", out), out
+        run_dir = stopped[example]
+        progress = json.loads((run_dir / contract.PROGRESS).read_text())
+        metrics = rows(run_dir / contract.METRICS)
+        # One line per epoch, the interrupted one too; the last one's global step is every epoch's steps: none lost
+        # and none trained twice.
+        assert [r["epoch"] for r in metrics] == list(range(1, progress["epochs"] + 1)), example
+        assert metrics[-1]["global_step"] == progress["epochs"] * progress["steps_per_epoch"], example
+        assert sum(1 for r in metrics if r.get("resumed_at_step")) == 1, example
+        record = json.loads(next((started[example][1] / "runs").glob("*.json")).read_text())
+        assert record["state"] == "succeeded" and [a["state"] for a in record["attempts"]] == ["cancelled"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])
+def test_a_model_and_data_of_yours_in_the_built_in_trainer_resume_too(tmp_path: Path, framework: str) -> None:
+    """examples/dense_model: the Dense guide's model (model:build) on (N, 784) floats (data:load), in the built-in
+    trainer, on both engines: stopped mid-epoch, then `runner resume` of the cancelled built-in run."""
+    home, cache = tmp_path / "home", data_cache(tmp_path, 4096, 512)
+    where = copy_example("dense_model", tmp_path)
+    env = env_for(home, cache)
+    sets = ["--set", f"training.framework={framework}", "--set", "training.epochs=3"]
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", "job.yaml", "--local", *sets],
+        cwd=where,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir = interrupt_mid_epoch(proc, home, "dense_model")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert "data:load: 4096 train, 512 test, examples (784,), 10 classes" in out
+    resumed = subprocess.run(
+        [*RUNNER, "resume", run_dir.name], cwd=where, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    summary = json.loads((run_dir / contract.SUMMARY).read_text())
+    assert summary["model"] == "model:build" and summary["framework"] == framework
+    assert summary["global_step"] == summary["optimizer_iterations"] == 3 * 64  # 4096 / 64 steps an epoch
+    assert summary["resumed_from"]["step"] > 0 and summary["test_accuracy"] > 0.85
+    assert [r["epoch"] for r in rows(run_dir / contract.METRICS)] == [1, 2, 3]
