@@ -16,6 +16,7 @@ and two writers would overwrite each other:
     checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
+                             (a command that wrote none: derived, "derived_from")   supervisor (worker 0)
     exit/worker-N.json       terminal state and exit code of worker N               worker N
     report/index.html        the run's report page (a gs:// run directory's copy)   `runner report`
 

@@ -80,3 +80,7 @@ def test_a_keras_command_job_shows_its_metrics_and_only_its_artifacts(tmp_path: 
     assert f"loss {last['loss']:.4f}" in row and f"accuracy {last['accuracy']:.4f}" in row, (row, last)
     log = (tmp_path / "store" / "runs" / run_id / contract.log_key(0)).read_bytes()
     assert b"Epoch 2/2" in log and b"\x08" not in log and b"\x1b" not in log
+    # It evaluates nothing: the time after its last epoch is no "final evaluation".
+    report = json.loads(CliRunner().invoke(app, ["report", run_id, "--json"]).output)
+    phases = [p["name"] for p in report["timeline"]["phases"]]
+    assert "training" in phases and "after training" in phases and "final evaluation" not in phases

@@ -26,6 +26,7 @@ from runner import contract
 from runner.backends import container
 from runner.backends.base import Backend, MachineState, handle_from
 from runner.errors import BackendError
+from runner.launch import job
 from runner.plan.planner import Plan
 from runner.watch.runs import runner_home
 
@@ -73,12 +74,17 @@ class LocalBackend(Backend[LocalHandle]):
 
     def describe(self, plan: Plan) -> list[tuple[str, str]]:
         launch = self.launch_for(plan)
-        return [("runs as", launch.reason), ("command", " ".join(launch.argv))]
+        return [
+            ("runs as", launch.reason),
+            ("entrypoint", " ".join(launch.argv)),
+            *job.plan_rows(plan, process=launch.mode == "process"),
+        ]
 
     def dry_run(self, plan: Plan) -> str:
-        """The job's environment (the command line is in the plan's rows)."""
-        width = max((len(k) for k in plan.env), default=0)
-        return "Job environment\n" + "\n".join(f"{k:<{width}}  {v}" for k, v in sorted(plan.env.items()))
+        """What the job runs: its command, working directory and environment."""
+        launch = self.launch_for(plan)
+        workdir = job.working_directory(plan.spec.image, process=launch.mode == "process", cwd=Path.cwd())
+        return job.job_text(plan.spec.command, plan.env, workdir)
 
     def provision(self, plan: Plan, on_handle: Callable[[LocalHandle], None]) -> LocalHandle:
         """Start the container or process (one per worker with --workers). Starting is one system call with nothing

@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from runner import contract
@@ -24,7 +25,7 @@ from runner.backends import container
 from runner.backends.base import Backend, MachineState, handle_from
 from runner.backends.tpu_api import CLOUD_PLATFORM, TpuApi, explain
 from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted
-from runner.launch import bootstrap
+from runner.launch import bootstrap, job
 from runner.plan.planner import Plan
 from runner.teardown.interrupts import hurry, signals_deferred
 from runner.timings import Timings
@@ -179,6 +180,7 @@ class TpuVmBackend(Backend[TpuVmHandle]):
             ("accelerator", shape),
             ("runtime", cloud.runtime_version),
             ("job runs on", "every worker" if cloud.trainer_workers == "all" else f"worker {cloud.trainer_workers}"),
+            *job.plan_rows(plan, process=False),
         ]
         if not cloud.attach_node:
             rows.append(
@@ -224,8 +226,13 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                 f"Request: POST /v2/projects/{cloud.project}/locations/{zone}/nodes?nodeId={cloud.node_id}",
                 dumps_request(body),
             ]
+        workdir = job.working_directory(plan.spec.image, process=False, cwd=Path.cwd())
+        per_worker = "the startup script sets each worker's RUNNER_WORKER_ID" + (
+            ", and MEGASCALE_* from the VM's tpu-env" if cloud.slices > 1 else ""
+        )
         parts += [
-            "\nstartup-script (runs as root on every worker at boot):",
+            "\n" + job.job_text(plan.spec.command, plan.env, workdir, per_worker=per_worker),
+            "\nstartup-script (runs as root on every worker at boot; JOB_ENV_B64 is the environment above):",
             body["metadata"]["startup-script"].rstrip(),
         ]
         return "\n".join(parts)

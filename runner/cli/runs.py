@@ -34,13 +34,16 @@ def status(
     storage = open_storage(record.run_dir)
     snapshot = read_snapshot(storage)
     warnings = list(snapshot.problems)
-    # progress.json itself is fresher than the copy in the heartbeat (every 10 s)
-    progress = read_record(storage, contract.PROGRESS, Progress.from_json, warnings) or snapshot.progress
-    where = standing(progress, snapshot.metrics)
     events = read_events(storage, warnings)
     state = current_state(without_bad_handle(record, warnings), snapshot)
-    facts = gather(record, storage, snapshot=snapshot, events=events)  # cost and startup: the events say both
+    # cost, startup, metrics (metrics.jsonl, else Keras' lines in the log), summary, checkpoints: runner.collect.facts
+    facts = gather(record, storage, snapshot=snapshot, events=events, checkpoints=True)
     warnings += facts.warnings
+    # progress.json itself is fresher than the copy in the heartbeat (every 10 s); a job that writes none: its log
+    progress = (
+        read_record(storage, contract.PROGRESS, Progress.from_json, warnings) or snapshot.progress or facts.log_progress
+    )
+    where = standing(progress, facts.metrics)
     present = existing_artifacts(storage)
     if as_json:
         echo(
@@ -50,12 +53,14 @@ def status(
                     "state": str(state),
                     "run_dir": record.run_dir,
                     "backend": record.backend,
-                    "metrics": snapshot.metrics,
+                    "metrics": facts.metrics,
+                    "metrics_from": facts.metrics_from,
                     **where.to_json(),
-                    "summary": snapshot.summary.to_json() if snapshot.summary else None,
+                    "summary": facts.summary.to_json() if facts.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
                     "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(present)},
+                    "checkpoints": [c.to_json() for c in facts.checkpoints],
                     "cost": facts.cost.to_json() if facts.cost is not None else None,
                     "startup": facts.startup.to_json(),
                     "warnings": warnings,
@@ -73,6 +78,8 @@ def status(
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
     rows += [row for row in where.rows() if not state.is_terminal() or row[0] == "last metrics"]
+    if facts.metrics_from == contract.log_key(0) and not state.is_terminal():
+        rows.append(("metrics from", f"Keras' epoch lines in {contract.log_key(0)} (the job writes no metrics.jsonl)"))
     if events:
         last = events[-1]
         rows.append(
@@ -80,7 +87,9 @@ def status(
         )
     rows += facts.rows()
     print_rows(rows, title=f"Run {record.run_id}")
-    print_rows(summary_rows(record.run_dir, state, snapshot, present))
+    print_rows(
+        summary_rows(record.run_dir, state, snapshot, present, summary=facts.summary, checkpoints=facts.checkpoints)
+    )
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         echo(f"  {line}")
     for warning in warnings:
@@ -177,6 +186,7 @@ def list_runs(
             "run_dir": record.run_dir,
             "test_accuracy": None,
             "last_metrics": None,
+            "metrics_from": None,
             "cost": None,
             "cost_cell": "?",
         }
@@ -187,9 +197,10 @@ def list_runs(
                 backends[record.backend] = backend_named(record.backend, say)
             state = current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend])
             entry["state"] = str(state)
-            entry["test_accuracy"] = snapshot.summary.test_accuracy if snapshot.summary else None
-            entry["last_metrics"] = snapshot.metrics[-1] if snapshot.metrics else None
-            facts = gather(record, storage, snapshot=snapshot)
+            facts = gather(record, storage, snapshot=snapshot)  # metrics: metrics.jsonl, else Keras' lines in the log
+            entry["test_accuracy"] = facts.summary.test_accuracy if facts.summary else None
+            entry["last_metrics"] = facts.last_metrics
+            entry["metrics_from"] = facts.metrics_from
             entry["cost"] = facts.cost.to_json() if facts.cost is not None else None
             entry["cost_cell"] = facts.cost_cell()
             warnings += [f"{record.run_id}: {problem}" for problem in [*snapshot.problems, *facts.warnings]]
@@ -217,14 +228,16 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
     if not entries:
         return
     from runner.collect.progress import metrics_text
+    from runner.collect.summary import rounded
 
     table = Table("run", "job", "backend", "state", "created", "result", "cost", box=None, pad_edge=False)
     table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies
     for entry in entries:
         accuracy, last = entry["test_accuracy"], entry["last_metrics"]
-        # the trainer's test accuracy; else what a command wrote to RUNNER_METRICS_FILE last
+        # the test accuracy (the trainer's, or a command's evaluate()); else a command's last metrics (its
+        # RUNNER_METRICS_FILE, or the epoch Keras printed last)
         result = (
-            f"test acc. {accuracy:.4f}"
+            f"test acc. {rounded(accuracy)}"
             if accuracy is not None
             else metrics_text(_unplaced(last), 2, say_more=False)
             if last

@@ -11,6 +11,7 @@ from runner.cli.typer_app import RunArg, SetOpt, SpecArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+    from runner.collect.facts import RunFacts
     from runner.errors import PlanError
     from runner.plan.planner import Plan
     from runner.watch.rundir import Snapshot
@@ -181,18 +182,6 @@ def launch(
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
-    if plan.cloud is not None and spec.command is not None:
-        from runner.launch import code
-
-        rows.append(
-            (
-                "code",
-                f"yours, in the image at {code.WORKSPACE} (`runner build --context`)"
-                if code.has_code(spec.image)
-                else "none added to the image: `runner build --context DIR` puts DIR at the command's working "
-                f"directory, {code.WORKSPACE}",
-            )
-        )
     from runner import contract
 
     if url := plan.env.get(contract.DATA_URL):
@@ -268,11 +257,19 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
         return
     assert snapshot is not None
     echo()
+    facts, unknown = run_facts(record, snapshot)
     try:
         present: set[str] | None = existing_artifacts(open_storage(record.run_dir))
     except RunnerError:
         present = None  # storage unreadable now: every path, as the contract has them
-    rows = summary_rows(record.run_dir, state, snapshot, present)
+    rows = summary_rows(
+        record.run_dir,
+        state,
+        snapshot,
+        present,
+        summary=facts.summary if facts else None,
+        checkpoints=facts.checkpoints if facts else None,
+    )
     if record.reason:
         rows.insert(1, ("reason", record.reason))
     worker, tail = failure_output(snapshot) if state == RunState.FAILED else (None, [])
@@ -281,7 +278,7 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     shown = bool(tail) and record.num_workers <= 1 and was_streamed(record, worker or 0, tail)
     if shown:
         rows.insert(1, ("error", one_line(tail[-1]) + "  (its output is above)"))
-    rows += end_rows(record, state, snapshot)
+    rows += end_rows(record, state, snapshot, facts) if facts else [("cost", f"unknown: {unknown}")]
     print_rows(rows, title=f"Run {record.run_id}")
     if state == RunState.SUCCEEDED:
         return
@@ -292,6 +289,18 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
     if state == RunState.CANCELLED:
         raise typer.Exit(130)
     raise RunFailed(f"run {record.run_id} ended {state}", hint=f"`runner logs {record.run_id}` shows its whole log")
+
+
+def run_facts(record: RunRecord, snapshot: Snapshot) -> tuple[RunFacts | None, str]:
+    """The run's facts (runner.collect.facts: its summary, checkpoints, cost), or None and why they are unknown."""
+    from runner.collect.facts import gather
+    from runner.errors import RunnerError
+    from runner.storage import open_storage
+
+    try:
+        return gather(record, open_storage(record.run_dir), snapshot=snapshot, checkpoints=True), ""
+    except RunnerError as exc:
+        return None, exc.message
 
 
 def was_streamed(record: RunRecord, worker: int, tail: list[str]) -> bool:
@@ -308,22 +317,16 @@ def was_streamed(record: RunRecord, worker: int, tail: list[str]) -> bool:
     return all(line in log for line in tail[-3:])
 
 
-def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot) -> list[tuple[str, str]]:
+def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot, facts: RunFacts) -> list[tuple[str, str]]:
     """The cost, the startup breakdown and the report's path, read back from the run directory. The run has ended
     whatever happens here: a report that cannot be written is a row that says why, never a changed exit code."""
-    from runner.collect.facts import gather
     from runner.errors import RunnerError
-    from runner.storage import open_storage
 
-    try:
-        facts = gather(record, open_storage(record.run_dir), snapshot=snapshot)
-    except RunnerError as exc:
-        return [("cost", f"unknown: {exc.message}")]
     rows = facts.rows()
     try:
         from runner.collect.report import make_report
 
-        page = make_report(record, state, snapshot=snapshot)
+        page = make_report(record, state, snapshot=snapshot, facts=facts)
         rows.append(("report", str(page.path) + (f"  (and {page.uploaded})" if page.uploaded else "")))
     except RunnerError as exc:
         rows.append(("report", f"not written: {exc.message}  (`runner report {record.run_id}` tries again)"))

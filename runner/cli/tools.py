@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from runner.bench.command import bench  # typer and the standard library only
-from runner.cli.output import echo
+from runner.cli.output import echo, warn
 from runner.cli.typer_app import app
 
 
@@ -41,6 +41,12 @@ def build(
     from runner.launch import code, image
 
     variant = _variant(variant, spec, device)
+    if spec is not None and context is not None:  # what the job's command needs from DIR, before a build
+        from runner.launch.job import context_problems
+        from runner.spec.loader import load_spec
+
+        for problem in context_problems(load_spec(spec).command, context):
+            warn(problem)
     args = image.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)

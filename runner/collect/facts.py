@@ -1,6 +1,12 @@
-"""One run's facts beyond its state, read back from its run directory: what it cost, how long it took to start,
-its phases, its checkpoints. `runner status`, `runner list`, the end of `runner submit` and `runner report` all read
-them here, so the four never disagree.
+"""One run's facts beyond its state, read back from its run directory: its metrics and summary, what it cost, how
+long it took to start, its phases, its checkpoints. `runner status`, `runner list`, the end of `runner submit` and
+`runner report` all read them here, so the four never disagree.
+
+A `command` job may write no metrics.jsonl, progress.json or summary.json. Its metrics are then Keras' epoch lines
+in logs/worker-0.log (runner.watch.keraslog), and so is where an epoch in progress stands; a finished run without
+a summary.json gets the one its metrics and log give (runner.watch.results, what the supervisor writes at the
+job's end). Its checkpoints are whatever files it wrote under checkpoints/, with what the trainer's manifest
+(checkpoints/latest.json) says of those it names.
 
 Everything is read tolerantly: a run directory written by another version, or by user code, costs a warning naming
 the file, never a traceback.
@@ -17,13 +23,17 @@ from runner.collect.cost import Price, RunCost, price_for, run_cost
 from runner.collect.timeline import Startup, Timeline, build_timeline, startup
 from runner.storage import Storage
 from runner.watch.events import Event, read_events
-from runner.watch.rundir import Snapshot, json_kind, loads, number, read_snapshot, where
+from runner.watch.keraslog import KerasLog, parse_keras_log
+from runner.watch.logtext import clean_log
+from runner.watch.results import LOG_TAIL_BYTES, derive_summary
+from runner.watch.rundir import Progress, Snapshot, Summary, json_kind, loads, number, read_snapshot, where
 from runner.watch.runs import RunRecord
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One entry of checkpoints/latest.json, as far as it can be read."""
+    """One checkpoint file: its name under checkpoints/, and what the trainer's manifest says of it (None for a file
+    the manifest does not name: a job's own ModelCheckpoint or BackupAndRestore files)."""
 
     file: str
     epochs_done: int | None
@@ -72,6 +82,63 @@ def read_checkpoints(storage: Storage, problems: list[str]) -> list[CheckpointIn
     return out
 
 
+def list_checkpoints(storage: Storage, problems: list[str]) -> list[CheckpointInfo]:
+    """Every file under checkpoints/, whoever wrote it and whatever its name, newest first (by the manifest's save
+    time, else when the file was written), with the manifest's epoch and step for those it names."""
+    prefix = contract.CHECKPOINTS + "/"
+    listed = storage.list(prefix)
+    files = [info for info in listed if info.key != contract.LATEST_CHECKPOINT]
+    has_manifest = len(files) < len(listed)
+    manifest = {c.file: c for c in read_checkpoints(storage, problems)} if has_manifest else {}
+    out = []
+    for info in files:
+        name = info.key.removeprefix(prefix)
+        known = manifest.get(name)
+        out.append(
+            CheckpointInfo(
+                file=name,
+                epochs_done=known.epochs_done if known else None,
+                step=known.step if known else None,
+                global_step=known.global_step if known else None,
+                size=info.size,
+                time=known.time if known is not None and known.time is not None else info.updated,
+            )
+        )
+    return sorted(out, key=lambda c: (c.time or 0.0, c.file), reverse=True)
+
+
+def checkpoints_text(checkpoints: list[CheckpointInfo]) -> str:
+    """'3 files, 1.2 MB; newest model-03.keras'."""
+    if not checkpoints:
+        return "none"
+    size = sum(c.size or 0 for c in checkpoints)
+    count = f"{len(checkpoints)} file{'s' if len(checkpoints) > 1 else ''}"
+    return f"{count}, {size_text(size)}; newest {checkpoints[0].file}"
+
+
+def size_text(size: float) -> str:
+    """Bytes for a person: 812 B, 14.2 KB, 1.2 MB, 3.40 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{size:.0f} B"
+
+
+def read_log(storage: Storage, worker: int = 0) -> str | None:
+    """A worker's log as text, cleaned as the supervisor stores it (a log from an older runner may hold raw
+    redraws); of a long log, its last LOG_TAIL_BYTES from a line start. None when there is none."""
+    key = contract.log_key(worker)
+    found = storage.list(key)
+    size = next((info.size for info in found if info.key == key), None)
+    if size is None:
+        return None
+    start = max(0, size - LOG_TAIL_BYTES)
+    data = storage.read_bytes(key, start) or b""
+    if start:
+        data = data[data.find(b"\n") + 1 :]
+    return clean_log(data).decode(errors="replace")
+
+
 def read_spec(storage: Storage, problems: list[str]) -> dict[str, Any]:
     """spec.yaml as plain data ({} when missing). Not validated as a JobSpec: a run directory from another version
     of the runner may hold fields this one does not know, and only a few of them are read here."""
@@ -113,6 +180,11 @@ class RunFacts:
     timeline: Timeline
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # metrics.jsonl's rows, else the epochs Keras printed to the log; where they came from (None: nowhere)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    metrics_from: str | None = None
+    summary: Summary | None = None  # summary.json, else (the run over) the one its metrics and log give
+    log_progress: Progress | None = None  # where the epoch in progress stands, from Keras' lines in the log
 
     @property
     def budget(self) -> float | None:
@@ -140,6 +212,10 @@ class RunFacts:
             rows.append(("startup", self.startup.text()))
         return rows
 
+    @property
+    def last_metrics(self) -> dict[str, Any] | None:
+        return self.metrics[-1] if self.metrics else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "cost": self.cost.to_json() if self.cost is not None else None,
@@ -158,8 +234,8 @@ def gather(
     now: float | None = None,
     checkpoints: bool = False,
 ) -> RunFacts:
-    """Everything the run directory says of the run's cost and phases. Pass what the caller has read already
-    (`snapshot`, `events`); `checkpoints` reads checkpoints/latest.json too."""
+    """Everything the run directory says of the run's metrics, summary, cost and phases. Pass what the caller has
+    read already (`snapshot`, `events`); `checkpoints` lists checkpoints/ too."""
     warnings: list[str] = []
     if snapshot is None:
         snapshot = read_snapshot(storage)
@@ -170,6 +246,22 @@ def gather(
     now = time.time() if now is None else now
     price = spec_price(spec) if record.backend != "local" else None
     cost = None if price is None else run_cost(events, price, now=now, budget=number(spec.get("budget")))
+    metrics, metrics_from = snapshot.metrics, contract.METRICS if snapshot.metrics else None
+    summary = snapshot.summary
+    ended = bool(snapshot.exits)
+    keras = KerasLog()
+    # The log is read only for what nothing else says: metrics when there is no metrics.jsonl, a summary when a
+    # finished run has no summary.json.
+    if not metrics or (summary is None and ended):
+        log = read_log(storage)
+        keras = parse_keras_log(log) if log else keras
+        if not metrics and keras.epochs:
+            metrics, metrics_from = keras.epochs, contract.log_key(0)
+        if summary is None and ended and (derived := derive_summary(snapshot.metrics, log)) is not None:
+            summary = Summary.from_json(derived)
+    log_progress = None
+    if (where_now := keras.progress()) is not None and not snapshot.metrics:
+        log_progress = Progress.from_json(where_now)
     return RunFacts(
         record=record,
         spec=spec,
@@ -177,7 +269,16 @@ def gather(
         snapshot=snapshot,
         cost=cost,
         startup=startup(events, snapshot.metrics, backend=record.backend),
-        timeline=build_timeline(events, snapshot.metrics, created_at=record.created_at),
-        checkpoints=read_checkpoints(storage, warnings) if checkpoints else [],
+        timeline=build_timeline(
+            events,
+            snapshot.metrics,
+            created_at=record.created_at,
+            evaluated=summary is not None and summary.evaluated,
+        ),
+        checkpoints=list_checkpoints(storage, warnings) if checkpoints else [],
         warnings=warnings,
+        metrics=metrics,
+        metrics_from=metrics_from,
+        summary=summary,
+        log_progress=log_progress,
     )

@@ -37,6 +37,7 @@ _PHASE_COLOURS = {
     "training": "#43a047",
     "job": "#43a047",
     "final evaluation": "#00897b",
+    "after training": "#80cbc4",
     "upload": "#1e88e5",
     "teardown": "#e53935",
 }

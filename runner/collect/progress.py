@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.collect.summary import one_line
+from runner.collect.summary import one_line, rounded
 from runner.watch.rundir import Progress, number
 
 # Keys of a metrics line shown first, in this order; other numbers follow.
@@ -114,8 +114,7 @@ def metrics_text(line: dict[str, Any], limit: int = 8, *, say_more: bool = True)
     for key in keys:
         value = number(line.get(key))
         if value is not None:
-            shown = f"{value:.4g}" if abs(value) >= 1000 else f"{value:.4f}"
-            parts.append(f"{one_line(key, 40)} {shown}")
+            parts.append(f"{one_line(key, 40)} {rounded(value)}")
     text = ", ".join(parts[:limit])
     if len(parts) > limit and say_more:
         text += f", … ({len(parts) - limit} more)"

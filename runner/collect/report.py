@@ -2,10 +2,12 @@
 browser with no network, from a laptop, a bucket or an e-mail.
 
 The page shows the spec, the timeline of phases (runner.collect.timeline: evidence only), preemptions and
-restarts, loss and accuracy per epoch (train and validation), examples/s, strategy and devices, final metrics,
-checkpoints (checkpoints/latest.json), the startup breakdown and the cost (runner.collect.cost). Every chart's
-<img> says in data-points how many points each of its series has; the page carries the report's data as JSON in
-<script id="report-data" type="application/json"> (what `runner report --json` prints).
+restarts, loss and accuracy per epoch (train and validation; a command's metrics.jsonl, else the epochs Keras
+printed to its log), examples/s, strategy and devices, final metrics (summary.json, or the summary derived from a
+command's metrics and log), every file under checkpoints/ (with what checkpoints/latest.json says of it), the
+startup breakdown and the cost (runner.collect.cost). Tables show numbers rounded; the JSON keeps them whole.
+Every chart's <img> says in data-points how many points each of its series has; the page carries the report's data
+as JSON in <script id="report-data" type="application/json"> (what `runner report --json` prints).
 
 Where it goes: <run dir>/report/index.html for a local run directory; for a gs:// one, a local directory
 ($RUNNER_HOME/reports/<run id>/) and a copy uploaded to <run dir>/report/index.html. Each chart is also written
@@ -23,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import contract
-from runner.collect.facts import RunFacts, gather
-from runner.collect.summary import one_line
+from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
+from runner.collect.summary import one_line, rounded
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
@@ -62,7 +64,7 @@ def trainer_lines(storage: Storage) -> list[str]:
 def report_data(facts: RunFacts, state: RunState | str, storage: Storage) -> dict[str, Any]:
     """Everything the page shows, as JSON (what `runner report --json` prints)."""
     record, snapshot = facts.record, facts.snapshot
-    summary = snapshot.summary.to_json() if snapshot.summary else None
+    summary = facts.summary.to_json() if facts.summary else None
     spec_yaml = (storage.read_bytes(contract.SPEC) or b"").decode(errors="replace")
     return {
         "run_id": record.run_id,
@@ -76,7 +78,8 @@ def report_data(facts: RunFacts, state: RunState | str, storage: Storage) -> dic
         "spec": facts.spec,
         "spec_yaml": spec_yaml,
         "summary": summary,
-        "metrics": snapshot.metrics,
+        "metrics": facts.metrics,
+        "metrics_from": facts.metrics_from,
         "exits": [e.to_json() for e in snapshot.exits],
         "preemptions": sum(1 for e in facts.events if e.event == "preempted" and e.source == "runner"),
         "machines": facts.timeline.attempts,
@@ -133,13 +136,21 @@ def _when(stamp: Any) -> str:
 
 
 def _final_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    from runner.collect.progress import metrics_text
+
     s = data.get("summary") or {}
     rows: list[tuple[str, str]] = []
+    test = s.get("test") if isinstance(s.get("test"), dict) else {}
+    if test and number(s.get("test_accuracy")) is None:
+        rows.append(("test", metrics_text(test)))
+    if isinstance(last := s.get("last_metrics"), dict):
+        rows.append(("last epoch" if "epoch" in last else "last step", metrics_text(last)))
     for key, label, fmt in [
         ("test_accuracy", "test accuracy", "{:.4f}"),
         ("test_loss", "test loss", "{:.4f}"),
         ("examples_per_s", "examples/s", "{:.0f}  (mean over epochs after the first, which compiles)"),
         ("epochs", "epochs", "{}"),
+        ("steps", "steps", "{}"),
         ("global_step", "global step", "{}"),
         ("global_batch_size", "global batch", "{}"),
         ("wall_time_s", "trainer wall time", "{:.1f}s"),
@@ -166,8 +177,10 @@ def _final_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
     versions = s.get("versions")
     if isinstance(versions, dict):
         rows.append(("versions", one_line(", ".join(f"{k} {v}" for k, v in versions.items()), 200)))
-    if not rows and s:
-        rows = [(one_line(k, 40), one_line(v, 200)) for k, v in s.items() if isinstance(v, str | int | float)][:20]
+    if isinstance(sources := s.get("derived_from"), list):
+        rows.append(("results from", one_line(", ".join(map(str, sources)), 200) + "  (the job wrote no summary.json)"))
+    elif not rows and s:
+        rows = [(one_line(k, 40), rounded(v)) for k, v in s.items() if isinstance(v, str | int | float)][:20]
     return rows
 
 
@@ -271,24 +284,27 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
     parts += [_chart_html(c) for c in curves] or ['<p class="muted">no metrics.jsonl rows</p>']
     if data["metrics"]:
         keys = [k for k in data["metrics"][0] if k != "time"][:10]
-        rows = [[one_line(r.get(k, ""), 20) for k in keys] for r in data["metrics"]]
+        rows = [[rounded(r[k]) if k in r else "" for k in keys] for r in data["metrics"]]
         parts.append(_grid(keys, rows, set(range(len(keys)))))
+        if data.get("metrics_from") and data["metrics_from"] != contract.METRICS:
+            parts.append(f'<p class="muted">from Keras\' epoch lines in {_e(data["metrics_from"])}</p>')
     parts.append("<h2>Checkpoints</h2>")
     if data["checkpoints"]:
+        parts.append(f"<p>{_e(checkpoints_text([CheckpointInfo(**c) for c in data['checkpoints']]))}</p>")
         rows = [
             [
                 c["file"],
-                str(c["epochs_done"]),
-                str(c["step"]),
-                str(c["global_step"]),
-                "-" if c["size"] is None else f"{c['size'] / 1e6:.1f} MB",
+                "-" if c["epochs_done"] is None else str(c["epochs_done"]),
+                "-" if c["step"] is None else str(c["step"]),
+                "-" if c["global_step"] is None else str(c["global_step"]),
+                "-" if c["size"] is None else size_text(c["size"]),
                 _when(c["time"]),
             ]
             for c in data["checkpoints"]
         ]
         parts.append(_grid(["file", "epochs done", "step", "global step", "size", "saved"], rows, {1, 2, 3, 4}))
     else:
-        parts.append('<p class="muted">none (no checkpoints/latest.json)</p>')
+        parts.append('<p class="muted">none: nothing under checkpoints/</p>')
     if data["trainer_lines"]:
         parts += ["<h2>The trainer's log lines</h2>", f"<pre>{_e(chr(10).join(data['trainer_lines']))}</pre>"]
     parts += ["<h2>Spec</h2>", f"<pre>{_e(data['spec_yaml'] or '(no spec.yaml)')}</pre>"]
@@ -315,19 +331,20 @@ def _charts(facts: RunFacts, problems: list[str]) -> list[Any]:
             f"runner report draws its charts with matplotlib, which is not installed ({exc})",
             hint="pip install matplotlib",
         ) from None
-    return plots.charts(facts.timeline, facts.snapshot.metrics, problems)
+    return plots.charts(facts.timeline, facts.metrics, problems)
 
 
 def build(
-    record: RunRecord, state: RunState | str, *, snapshot: Snapshot | None = None
+    record: RunRecord, state: RunState | str, *, snapshot: Snapshot | None = None, facts: RunFacts | None = None
 ) -> tuple[dict[str, Any], RunFacts]:
-    """The report's data (what --json prints) and the facts it came from; nothing is drawn or written."""
+    """The report's data (what --json prints) and the facts it came from (`facts`: gathered already, with the
+    checkpoints); nothing is drawn or written."""
     from runner.collect.plots import planned
 
     storage = open_storage(record.run_dir)
-    facts = gather(record, storage, snapshot=snapshot, checkpoints=True)
+    facts = facts or gather(record, storage, snapshot=snapshot, checkpoints=True)
     data = report_data(facts, state, storage)
-    data["charts"] = planned(facts.timeline, facts.snapshot.metrics)
+    data["charts"] = planned(facts.timeline, facts.metrics)
     return data, facts
 
 
@@ -368,7 +385,8 @@ def make_report(
     out_dir: Path | None = None,
     upload: bool = True,
     snapshot: Snapshot | None = None,
+    facts: RunFacts | None = None,
 ) -> Report:
     """The whole report of one run: build, draw, write (and upload)."""
-    data, facts = build(record, state, snapshot=snapshot)
+    data, facts = build(record, state, snapshot=snapshot, facts=facts)
     return write(data, facts, out_dir=out_dir, upload=upload)

@@ -1,18 +1,22 @@
 """Collect: what a finished run produced, as rows for the terminal and paths a user can open.
 
-summary.json is written by the built-in trainer, or by user code in any shape it likes, so every field is checked
-before use: a summary that is not the trainer's shows its own top-level values, and a field of the wrong type is
-left out, never a KeyError at the end of a run that succeeded.
+summary.json is written by the built-in trainer, by user code in any shape it likes, or derived from a command's
+metrics and log (runner.watch.results), so every field is checked before use: a derived one shows the last
+epoch's metrics and the test metrics, one of user code's own shows its top-level values, and a field of the wrong
+type is left out, never a KeyError at the end of a run that succeeded. Numbers are rounded for people here
+(`rounded`); `--json` and summary.json keep them whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import math
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from runner import contract
+from runner.collect.facts import CheckpointInfo, checkpoints_text
 from runner.storage import Storage
-from runner.watch.rundir import ExitRecord, Snapshot, Summary, number
+from runner.watch.rundir import ExitRecord, Snapshot, Summary
 from runner.watch.state import RunState
 
 _MAX_USER_ROWS = 20  # a user's summary may be large; the terminal summary shows its first entries
@@ -29,11 +33,46 @@ def one_line(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _scalar(value: Any) -> str:
-    as_float = number(value)
-    if as_float is not None and isinstance(value, float):
-        return f"{as_float:.6g}"
-    return one_line(value, 100)
+def rounded(value: Any) -> str:
+    """A number as a table shows it: integers whole, floats to 4 decimals (0.9712, 2.3026), whole from 1000 on
+    (1777), 3 significant digits below 0.001 (1.23e-05). Anything else as one line."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return one_line(value, 100)
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:.0f}"
+    if size >= 1e-3 or value == 0:
+        return f"{value:.4f}"
+    return f"{value:.3g}"
+
+
+def _derived_rows(s: Summary) -> list[tuple[str, str]]:
+    """A summary derived from the job's metrics.jsonl and Keras' lines in its log (runner.watch.results)."""
+    from runner.collect.progress import metrics_text
+
+    rows: list[tuple[str, str]] = []
+    test: dict[str, Any] = s.get("test") or {}
+    if s.test_accuracy is not None:
+        loss = s.get("test_loss")
+        text = rounded(s.test_accuracy) + (f"  (loss {rounded(loss)})" if loss is not None else "")
+        rows.append(("test accuracy", text))
+    elif test:
+        rows.append(("test", metrics_text(test)))
+    last = s.get("last_metrics")
+    if last:
+        rows.append(("last epoch" if "epoch" in last else "last step", metrics_text(last)))
+    times: list[float] = s.get("epoch_times_s") or []
+    if times:
+        shown = ", ".join(f"{t:.3g}s" for t in times[:20]) + (", …" if len(times) > 20 else "")
+        rows.append(("epoch times", shown))
+    sources = [
+        f"Keras' lines in {one_line(k, 80)}" if str(k).startswith(contract.LOGS_DIR + "/") else one_line(k, 80)
+        for k in s.get("derived_from") or []
+    ]
+    rows.append(("results from", ", ".join(sources) + "  (the job wrote no summary.json)"))
+    return rows
 
 
 def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
@@ -85,7 +124,7 @@ def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
 def _user_rows(s: Summary) -> list[tuple[str, str]]:
     """A summary written by user code: its top-level values that fit on a line, as they are."""
     values = s.to_json()
-    rows = [(one_line(k, 40), _scalar(v)) for k, v in values.items() if v is None or isinstance(v, str | int | float)]
+    rows = [(one_line(k, 40), rounded(v)) for k, v in values.items() if v is None or isinstance(v, str | int | float)]
     if len(rows) > _MAX_USER_ROWS:
         rows = [*rows[:_MAX_USER_ROWS], ("…", f"{len(rows) - _MAX_USER_ROWS} more in summary.json")]
     return rows
@@ -102,14 +141,21 @@ def existing_artifacts(storage: Storage) -> set[str]:
 
 
 def summary_rows(
-    run_dir: str, state: RunState, snapshot: Snapshot, present: Collection[str] | None = None
+    run_dir: str,
+    state: RunState,
+    snapshot: Snapshot,
+    present: Collection[str] | None = None,
+    *,
+    summary: Summary | None = None,
+    checkpoints: Sequence[CheckpointInfo] | None = None,
 ) -> list[tuple[str, str]]:
     """The end-of-run summary: results, timings, strategy, and where every artifact is (of `present`, those that
-    exist, when the caller knows: existing_artifacts; else all of them)."""
+    exist, when the caller knows: existing_artifacts; else all of them). `summary`: the run's (RunFacts.summary:
+    summary.json, or the one derived for a command); `checkpoints`: what checkpoints/ holds (RunFacts.checkpoints)."""
     rows: list[tuple[str, str]] = [("state", str(state))]
-    s = snapshot.summary or Summary()
+    s = summary or snapshot.summary or Summary()
     if s.fields or s.extra:
-        rows += _trainer_rows(s) if s.is_trainers else _user_rows(s)
+        rows += _trainer_rows(s) if s.is_trainers else _derived_rows(s) if s.is_derived else _user_rows(s)
     for exit_ in snapshot.exits:
         if exit_.state != RunState.SUCCEEDED:
             rows.append(
@@ -120,13 +166,12 @@ def summary_rows(
                 )
             )
     checkpoint = s.get("checkpoint") if s.is_trainers else None
+    held = f"  ({one_line(checkpoints_text(list(checkpoints)), 200)})" if checkpoints else ""
+    if not held and checkpoint:
+        held = f"  (latest: {one_line(checkpoint.split('/')[-1])})"
     artifacts = {
         contract.METRICS: ("metrics", _join(run_dir, contract.METRICS)),
-        contract.CHECKPOINTS: (
-            "checkpoints",
-            _join(run_dir, contract.CHECKPOINTS)
-            + (f"/  (latest: {one_line(checkpoint.split('/')[-1])})" if checkpoint else "/"),
-        ),
+        contract.CHECKPOINTS: ("checkpoints", _join(run_dir, contract.CHECKPOINTS) + "/" + held),
         contract.TENSORBOARD: ("tensorboard", f"tensorboard --logdir {_join(run_dir, contract.TENSORBOARD)}"),
         contract.LOGS_DIR: (
             "logs",

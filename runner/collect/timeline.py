@@ -13,7 +13,9 @@
                                                              when the trainer says none of the three above
     training          first_step, or the attempt's first epoch's start     its last metrics row
     job               job_started                            worker_exited                 (a job with no metrics)
-    final evaluation  the last metrics row                   worker_exited                 (the built-in trainer)
+    final evaluation  the last metrics row                   worker_exited                 (the run reports a test
+                                                                                           metric: it evaluated)
+    after training    the last metrics row                   worker_exited                 (it reports none)
     upload            worker_exited                          container_exited              (the last push, on a VM)
     teardown          teardown/delete/down requested         teardown_done / down_done
 
@@ -117,7 +119,11 @@ def epoch_rows(metrics: Sequence[dict[str, Any]]) -> list[tuple[float, float, di
 
 
 def _attempt_phases(
-    attempt: int, window: list[Event], rows: list[tuple[float, float, dict[str, Any]]], start: Event | None
+    attempt: int,
+    window: list[Event],
+    rows: list[tuple[float, float, dict[str, Any]]],
+    start: Event | None,
+    evaluated: bool,
 ) -> list[Phase]:
     phases: list[Phase] = []
 
@@ -149,7 +155,7 @@ def _attempt_phases(
             add("start-up (import, device, data, model)", at(job), began)
         add("training", at(first_step) or began, (rows[-1][1], "last epoch ended (metrics.jsonl)"))
         if exited is not None and exited.fields.get("state") == "succeeded":
-            add("final evaluation", (rows[-1][1], "last epoch ended"), at(exited))
+            add("final evaluation" if evaluated else "after training", (rows[-1][1], "last epoch ended"), at(exited))
     elif first_step is not None:
         add("training", at(first_step), at(exited))
     else:
@@ -164,9 +170,14 @@ def _attempt_phases(
 
 
 def build_timeline(
-    events: Sequence[Event], metrics: Sequence[dict[str, Any]], *, created_at: float | None = None
+    events: Sequence[Event],
+    metrics: Sequence[dict[str, Any]],
+    *,
+    created_at: float | None = None,
+    evaluated: bool = False,
 ) -> Timeline:
-    """Every phase with evidence for both of its ends, per attempt, and the markers."""
+    """Every phase with evidence for both of its ends, per attempt, and the markers. `evaluated`: the run reports a
+    test metric (its summary), so the time from its last epoch to its end is a final evaluation."""
     events = sorted(events, key=lambda e: e.time)
     submitted = _first(events, "submitted", "runner")
     origin = submitted.time if submitted else (events[0].time if events else (created_at or 0.0))
@@ -183,7 +194,7 @@ def build_timeline(
         t1 = events[end].time if end < len(events) else float("inf")
         in_window = [r for r in rows if t0 <= r[1] < t1]
         start = submitted if n == 0 and submitted else (events[i] if starts else None)
-        phases += _attempt_phases(n + 1, window, in_window, start)
+        phases += _attempt_phases(n + 1, window, in_window, start, evaluated)
     markers = [Marker(e.time, _MARKERS[e.event], e.event) for e in events if e.event in _MARKERS]
     markers += [Marker(events[i].time, f"machine {n + 1}", "provisioning") for n, i in enumerate(starts) if n]
     return Timeline(origin, phases, sorted(markers, key=lambda m: m.time), len(starts))

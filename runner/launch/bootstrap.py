@@ -1,7 +1,8 @@
 """Render the TPU VM startup script (runner/launch/startup-script.sh) for one run.
 
 Only the values block of the template changes; every value goes through shlex.quote, and the job's environment
-travels base64-encoded, so no spec value (a name, an env var, a command) can ever be run as shell on the VM.
+travels base64-encoded, so no spec value (a name, an env var, a command) can ever be run as shell on the VM. The dry
+run shows that environment in plain text beside the script (runner.launch.job).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from runner.spec import GCS_RE
 class ObjectInfo:
     key: str
     size: int
+    updated: float | None = None  # when it was last written (unix time): a file's mtime, an object's upload
 
 
 class Storage(Protocol):

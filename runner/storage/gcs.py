@@ -129,7 +129,10 @@ class GCSStorage:
         base = f"{self.prefix}/" if self.prefix else ""
         try:
             blobs = self._get_bucket().list_blobs(prefix=base + prefix, retry=self._retry())
-            out = [ObjectInfo(b.name[len(base) :], int(b.size or 0)) for b in blobs]
+            out = [
+                ObjectInfo(b.name[len(base) :], int(b.size or 0), b.updated.timestamp() if b.updated else None)
+                for b in blobs
+            ]
         except gexc.GoogleAPIError as exc:
             raise self._wrap(exc, "list", prefix) from exc
         return sorted(out, key=lambda o: o.key)

@@ -86,7 +86,8 @@ class LocalStorage:
             if path.is_file() and not path.name.startswith("."):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
-                    out.append(ObjectInfo(key, path.stat().st_size))
+                    stat = path.stat()
+                    out.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:

@@ -5,7 +5,8 @@
     heartbeat           Heartbeat     supervisor (worker 0)                             runner, status, gc
     heartbeats/worker-N Heartbeat     supervisor (worker N)                             runner (each worker's word)
     progress.json       Progress      the trainer, or user code                         supervisor (hang), status
-    summary.json        Summary       the trainer, or user code in any shape            submit, status, list
+    summary.json        Summary       the trainer, user code in any shape, or           submit, status, list
+                                      the supervisor (derived: runner.watch.results)
     metrics.jsonl       dict per line the trainer, or user code                         status
     events/*.jsonl      Event         runner, supervisor, bootstrap (runner.watch.events)
     run.json            RunRecord's run_info (runner.watch.runs)
@@ -199,6 +200,11 @@ _SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "versions": dict,
     "checkpoint": str,
     "wall_time_s": float,
+    # a summary derived from what a job wrote (runner.watch.results): where from, its last row, its test metrics
+    "derived_from": list,
+    "steps": int,
+    "last_metrics": dict,
+    "test": dict,
 }
 
 
@@ -253,7 +259,18 @@ class Summary:
     @property
     def is_trainers(self) -> bool:
         """Written by the built-in trainer (a test accuracy is what it always reports)."""
-        return self.fields.get("test_accuracy") is not None
+        return self.fields.get("test_accuracy") is not None and not self.is_derived
+
+    @property
+    def is_derived(self) -> bool:
+        """Derived from the job's metrics and log, not written by it (runner.watch.results)."""
+        return self.fields.get("derived_from") is not None
+
+    @property
+    def evaluated(self) -> bool:
+        """Whether the run reports a test metric, i.e. it evaluated after training."""
+        test = self.fields.get("test")
+        return self.test_accuracy is not None or self.fields.get("test_loss") is not None or bool(test)
 
     @property
     def test_accuracy(self) -> float | None:

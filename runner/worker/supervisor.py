@@ -35,6 +35,7 @@ from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now
 from runner.watch.logtext import LogCleaner
+from runner.watch.results import write_derived_summary
 from runner.watch.rundir import ExitRecord, Heartbeat, Progress
 from runner.watch.state import RunState
 from runner.worker.mirror import Mirror, checkpoint_keep
@@ -306,6 +307,11 @@ class Supervisor:
         pump.join(5)
         self._done.set()
         ticker.join(5)
+        if self.worker == 0:  # a job that wrote no summary.json gets one from its metrics and log (before the exit)
+            try:
+                write_derived_summary(self.output)
+            except Exception as exc:  # the exit record matters more than a summary
+                print(f"[runner] warning: no summary derived: {exc}", file=sys.stderr, flush=True)
         return self.finish(events, proc.returncode, self.safety_stop)
 
     def finish(self, events: EventLog, returncode: int | None, error: str | None) -> int:

@@ -79,6 +79,18 @@ STARTUP: Schema = {
     "additionalProperties": MAYBE_NUMBER,
 }
 METRICS_LINE: Schema = {"type": ["object", "null"]}
+# where a run's metrics came from: its metrics.jsonl, Keras' epoch lines in its log, or nowhere yet
+METRICS_FROM: Schema = {"type": ["string", "null"], "enum": ["metrics.jsonl", "logs/worker-0.log", None]}
+CHECKPOINT: Schema = _object(
+    {
+        "file": STRING,
+        "epochs_done": {"type": ["integer", "null"]},
+        "step": {"type": ["integer", "null"]},
+        "global_step": {"type": ["integer", "null"]},
+        "size": {"type": ["integer", "null"]},
+        "time": MAYBE_NUMBER,
+    }
+)
 EXIT: Schema = _object(
     {
         "worker": {"type": "integer"},
@@ -116,6 +128,7 @@ STATUS: Schema = _object(
         "run_dir": STRING,
         "backend": STRING,
         "metrics": {"type": "array", "items": ANY_OBJECT},
+        "metrics_from": METRICS_FROM,
         "progress": {"type": ["object", "null"]},
         "eta_s": MAYBE_NUMBER,
         "last_metrics": METRICS_LINE,
@@ -123,6 +136,7 @@ STATUS: Schema = _object(
         "heartbeat": {"type": ["object", "null"]},
         "exits": {"type": "array", "items": EXIT},
         "artifacts": {"type": "object", "additionalProperties": STRING},
+        "checkpoints": {"type": "array", "items": CHECKPOINT},
         "cost": COST,
         "startup": STARTUP,
         "warnings": STRINGS,
@@ -143,6 +157,7 @@ LIST: Schema = _object(
                     "run_dir": STRING,
                     "test_accuracy": MAYBE_NUMBER,
                     "last_metrics": METRICS_LINE,
+                    "metrics_from": METRICS_FROM,
                     "cost": COST,
                     "cost_cell": STRING,
                 }
@@ -166,6 +181,7 @@ REPORT: Schema = _object(
         "spec_yaml": STRING,
         "summary": {"type": ["object", "null"]},
         "metrics": {"type": "array", "items": ANY_OBJECT},
+        "metrics_from": METRICS_FROM,
         "exits": {"type": "array", "items": EXIT},
         "preemptions": {"type": "integer"},
         "machines": {"type": "integer"},
@@ -180,7 +196,7 @@ REPORT: Schema = _object(
                 "markers": {"type": "array"},
             }
         ),
-        "checkpoints": {"type": "array", "items": ANY_OBJECT},
+        "checkpoints": {"type": "array", "items": CHECKPOINT},
         "warnings": STRINGS,
         "generated_at": NUMBER,
         "charts": {"type": "array"},

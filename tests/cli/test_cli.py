@@ -280,7 +280,7 @@ def test_set_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
     mnist = str(REPO / "jobs" / "mnist.yaml")
     dry = invoke("submit", mnist, "--local", "--dry-run", "--set", "training.epochs=1", "--set", "env.MODE=fast")
     assert dry.exit_code == 0, dry.output
-    assert '"epochs":1' in dry.output and re.search(r"^MODE +fast$", dry.output, re.M)
+    assert '"epochs":1' in dry.output and re.search(r"^ +MODE +fast$", dry.output, re.M)
     bad = invoke("validate", mnist, "--set", "training.epoch=1")
     assert bad.exit_code == 2 and "--set training.epoch=1: training.epoch: unknown field; did you mean 'epochs'?" in (
         bad.output
