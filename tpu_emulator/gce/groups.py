@@ -149,7 +149,7 @@ class Groups:
         if group.path in self.items:
             raise errors.already_exists(group.path)
         self.items[group.path] = group
-        op = cloud._quick_op(project, f"zones/{zone}", "insert", group.path, group.id, request_id)
+        op = cloud.quick_op(project, f"zones/{zone}", "insert", group.path, group.id, request_id)
         if target:
             self.plan(group)
             cloud.agenda.at(cloud.step_s * 4, lambda: self.reconcile(group), wake=True)
@@ -216,7 +216,7 @@ class Groups:
                 f"'{group.gang}'. Should be equal to the gang size.",
             )
         group.target = size
-        op = cloud._quick_op(
+        op = cloud.quick_op(
             group.project, f"zones/{group.zone}", "compute.instanceGroupManagers.resize", path, group.id, request_id
         )
         afters = []
@@ -340,7 +340,8 @@ class Groups:
             def recreate() -> None:
                 if cloud.instances.get(instance.path) is instance and instance.status == "TERMINATED":
                     instance.preempted, instance.generation = False, instance.generation + 1
-                    cloud.provision(instance, None)
+                    # A recreation that meets a stockout loses the VM: the group then replaces it as a new one.
+                    cloud.provision(instance, None, then=lambda _, ok: None if ok else self.reconcile(group))
 
             cloud.agenda.at(cloud.create_delay_s, recreate, wake=True)
         elif instance.path not in cloud.instances:

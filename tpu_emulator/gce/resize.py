@@ -182,7 +182,7 @@ class ResizeRequests:
         if request.state not in ("CREATING", "ACCEPTED"):
             raise errors.precondition(f"The resize request {request.path} is {request.state}: it cannot be cancelled.")
         request.state = "CANCELLED"
-        return self.groups.cloud._quick_op(
+        return self.groups.cloud.quick_op(
             group.project, f"zones/{group.zone}", "cancel", request.path, request.id, request_id
         )
 
@@ -194,6 +194,6 @@ class ResizeRequests:
                 f"The resize request {request.path} is {request.state}: cancel it before deleting it."
             )
         del group.requests[name]
-        return self.groups.cloud._quick_op(
+        return self.groups.cloud.quick_op(
             group.project, f"zones/{group.zone}", "delete", request.path, request.id, request_id
         )

@@ -180,7 +180,7 @@ class Instance:
             "zone": link(f"projects/{self.project}/zones/{self.zone}"),
             "selfLink": link(self.path),
             "canIpForward": bool(spec.get("canIpForward", False)),
-            "cpuPlatform": "Unknown CPU Platform" if self.status != "RUNNING" else "AMD Turin",
+            "cpuPlatform": "Unknown CPU Platform",  # a TPU host's CPU platform: not known, so not made up
             "deletionProtection": bool(spec.get("deletionProtection", False)),
             "startRestricted": False,
             "fingerprint": self.fingerprint,

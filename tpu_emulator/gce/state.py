@@ -308,13 +308,12 @@ class ComputeCloud:
             return op, None
         return op, self.take_down(instance, "TERMINATED", self.delete_delay_s, op=op)
 
-    def terminate(self, instance: Instance, action: str, *, cause: str) -> After | None:
-        """What Compute Engine does at the end of a run duration or on preemption: STOP or DELETE."""
+    def terminate(self, instance: Instance, action: str, *, cause: str) -> None:
+        """What Compute Engine does itself at the end of a run duration: STOP or DELETE, nobody's answer to wait for."""
         end = "gone" if action == "DELETE" else "TERMINATED"
         after = self.take_down(instance, end, self.delete_delay_s, cause=cause)
         if after is not None:
-            self.agenda.at(0.0, after, wake=True)  # nobody's answer to wait for
-        return None
+            self.agenda.at(0.0, after, wake=True)
 
     def take_down(
         self, instance: Instance, end: str, delay: float, *, op: Operation | None = None, cause: str = "user"
@@ -406,7 +405,7 @@ class ComputeCloud:
         if template.path in self.templates:
             raise errors.already_exists(template.path)
         self.templates[template.path] = template
-        return self._quick_op(project, "global", "insert", template.path, template.id, request_id)
+        return self.quick_op(project, "global", "insert", template.path, template.id, request_id)
 
     def delete_template(self, path: str, request_id: str | None) -> Operation:
         template: Template = self.find(self.templates, path)
@@ -414,7 +413,7 @@ class ComputeCloud:
         if user:
             raise errors.in_use(path, user)
         del self.templates[path]
-        return self._quick_op(template.project, "global", "delete", path, template.id, request_id)
+        return self.quick_op(template.project, "global", "delete", path, template.id, request_id)
 
     def insert_policy(self, project: str, region: str, body: dict[str, Any], request_id: str | None) -> Operation:
         name = checks.check_name(body.get("name"), "resource.name")
@@ -439,7 +438,7 @@ class ComputeCloud:
         if policy.path in self.policies:
             raise errors.already_exists(policy.path)
         self.policies[policy.path] = policy
-        return self._quick_op(project, f"regions/{region}", "insert", policy.path, policy.id, request_id)
+        return self.quick_op(project, f"regions/{region}", "insert", policy.path, policy.id, request_id)
 
     def delete_policy(self, path: str, request_id: str | None) -> Operation:
         policy = self.policy(path)
@@ -454,9 +453,9 @@ class ComputeCloud:
         if user:
             raise errors.in_use(path, user)
         del self.policies[path]
-        return self._quick_op(policy.project, f"regions/{policy.region}", "delete", path, policy.id, request_id)
+        return self.quick_op(policy.project, f"regions/{policy.region}", "delete", path, policy.id, request_id)
 
-    def _quick_op(self, project: str, scope: str, kind: str, target: str, target_id: str, rid: str | None) -> Operation:
+    def quick_op(self, project: str, scope: str, kind: str, target: str, target_id: str, rid: str | None) -> Operation:
         """An operation about a resource that exists (or is gone) at once: DONE a moment later."""
         op = self.new_op(project, scope, kind, target, target_id, rid)
         self.agenda.at(self.step_s * 3, lambda: self.finish_op(op), wake=True)
