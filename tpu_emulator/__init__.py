@@ -1,5 +1,8 @@
 """A Cloud TPU API v2 emulator: a real local HTTP server for the real google-cloud-tpu client, whose VMs are local
-processes running the node's startup-script. See docs/emulator.md.
+processes running the node's startup-script; the same server emulates Compute Engine's API v1 for TPU VM instances
+and managed instance groups (tpu_emulator.gce, the real google-cloud-compute client; `TpuEmulator.compute`). Both
+check requests and answers against Google's discovery documents when google-api-python-client is installed
+(tpu_emulator.discovery). See docs/emulator.md.
 
     with TpuEmulator(workdir=Path("emu")) as emulator:
         client = tpu_v2.TpuClient(transport="rest", credentials=AnonymousCredentials(),

@@ -1,4 +1,5 @@
-"""python -m tpu_emulator: run the Cloud TPU API emulator (and optionally a Cloud Storage emulator) until Ctrl-C."""
+"""python -m tpu_emulator: run the Cloud TPU API and Compute Engine API emulator (and optionally a Cloud Storage
+emulator) until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ def _start_gcs(host: str, bucket: str) -> tuple[Any, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tpu_emulator",
-        description="Emulate the Cloud TPU API v2 on this machine: nodes, operations, queued resources, faults, "
-        "and VMs that run each node's startup-script locally. See docs/emulator.md.",
+        description="Emulate the Cloud TPU API v2 and the Compute Engine API v1 (TPU VM instances, managed instance "
+        "groups, resize requests) on this machine, with faults, and VMs that run each startup-script locally. "
+        "See docs/emulator.md.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8470, help="port of the TPU API (default 8470; 0 picks one)")
+    parser.add_argument("--port", type=int, default=8470, help="port of both APIs (default 8470; 0 picks one)")
     default_workdir = Path(tempfile.gettempdir()) / f"tpu-emulator-{getpass.getuser()}"
     parser.add_argument(
         "--workdir", type=Path, default=default_workdir, help=f"VM directories (default {default_workdir})"
@@ -55,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=("waiting", "accepted"),
         default="waiting",
         help="where queued resources wait: WAITING_FOR_RESOURCES (current API, default) or ACCEPTED (older API)",
+    )
+    parser.add_argument(
+        "--wait-limit",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="longest a Compute Engine operations.wait waits (1; the real API: up to 2 minutes)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not print each request")
     args = parser.parse_args(argv)
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         delete_delay_s=args.delete_delay,
         vm_grace_s=args.vm_grace,
         queue_style=args.queue_style,
+        compute_wait_s=args.wait_limit,
     )
     try:
         emulator.start()
@@ -84,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     print(f"Cloud TPU API emulator: {emulator.endpoint}/v2/   (admin: {emulator.endpoint}/_emulator/)")
+    compute = f"{emulator.endpoint}/compute/v1/   (admin: {emulator.endpoint}/_emulator/compute/)"
+    print(f"Compute Engine API emulator: {compute}")
     if gcs_endpoint:
         print(f"Cloud Storage: {gcs_endpoint}" + (f"   (bucket gs://{args.bucket})" if args.with_gcs else ""))
     print(f"VM directories and console logs: {emulator.workdir}/<project>/<zone>/<node>/worker-<n>/")
+    print(f"  and for Compute Engine instances: {emulator.workdir}/compute/<project>/<zone>/<instance>/")
     print("\nPoint the runner (and your shell) at it:\n")
     print(f"  export RUNNER_TPU_ENDPOINT={emulator.endpoint}")
     print(f"  export RUNNER_REGISTRY_ENDPOINT={emulator.endpoint}   # it also answers as the image registry")

@@ -15,6 +15,7 @@ from tpu_emulator import metadata
 from tpu_emulator.admin import Admin
 from tpu_emulator.errors import ApiError
 from tpu_emulator.faults import Fault, Faults, fault_from_json
+from tpu_emulator.gce.emulator import ComputeEngine
 from tpu_emulator.resources import Node
 from tpu_emulator.scheduler import Scheduler
 from tpu_emulator.server import Api, HttpServer, RecordedRequest, Request, Response
@@ -70,9 +71,11 @@ class TpuEmulator:
         delete_delay_s: float = 0.2,
         vm_grace_s: float = 3.0,
         queue_style: QueueStyle = "waiting",
+        compute_wait_s: float = 1.0,
     ) -> None:
         """`queue_style`: where a queued resource waits, "waiting" (WAITING_FOR_RESOURCES, the current API) or
-        "accepted" (ACCEPTED, as the older API answered)."""
+        "accepted" (ACCEPTED, as the older API answered). `compute_wait_s`: the longest a Compute Engine
+        operations.wait waits (the real one, 2 minutes)."""
         self.host, self._port = host, port
         self.workdir = Path(workdir).absolute()
         self.gcs_endpoint = gcs_endpoint
@@ -90,6 +93,15 @@ class TpuEmulator:
             queue_style=queue_style,
         )
         self.api = Api(self.cloud, self.faults)
+        # Compute Engine, on the same port, with the same clock and VMs (tpu_emulator.gce).
+        self.compute = ComputeEngine(
+            self.scheduler,
+            self.launcher,
+            create_delay_s=create_delay_s,
+            delete_delay_s=delete_delay_s,
+            vm_grace_s=vm_grace_s,
+            wait_s=compute_wait_s,
+        )
         self.admin = Admin(self)
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
@@ -115,6 +127,7 @@ class TpuEmulator:
         self.launcher.endpoint = self.endpoint
         self.cloud.closing.clear()
         self.cloud.agenda.paused = False
+        self.compute.start()
         self.scheduler.start()
         self._http.start()
         return self
@@ -126,6 +139,7 @@ class TpuEmulator:
         self._http.stop()
         self.cloud.closing.set()
         self.cloud.agenda.paused = True  # nothing boots or changes any more, not even when someone looks
+        self.compute.stop(self.vm_grace_s)
         self.scheduler.stop()
         self.launcher.stop_all(self.vm_grace_s)
         self.cloud.join_threads(self.vm_grace_s + 10)
@@ -156,6 +170,7 @@ class TpuEmulator:
         self.faults.clear()
         self.scheduler.clear()
         self.cloud.forget_all()
+        self.compute.reset()
         self.launcher.stop_all(self.vm_grace_s)
         with self._requests_lock:
             self._requests.clear()
@@ -430,8 +445,16 @@ class TpuEmulator:
             return self._manifest(*manifest.groups())
         if request.path.startswith("/v2/"):
             return self.api.handle(request)
+        if request.path.startswith("/compute/v1/"):
+            return self.compute.api.handle(request)
+        if request.path.startswith("/_emulator/compute/"):
+            return self.compute.admin(request, request.path.removeprefix("/_emulator/compute").rstrip("/"))
         if request.path == "/_emulator" or request.path.startswith("/_emulator/"):
             return self.admin.handle(request)
+        if request.path.startswith("/_gce/"):
+            found = self.compute.metadata(request)
+            if found is not None:
+                return found
         match = _VM_PATH.match(request.path)
         if match:
             project, zone, node_id, worker, rest = match.groups()
@@ -451,8 +474,9 @@ class TpuEmulator:
         if request.path == "/":
             return Response.json(
                 {
-                    "service": "Cloud TPU API v2 emulator",
+                    "service": "Cloud TPU API v2 and Compute Engine API v1 emulator",
                     "api": f"{self.endpoint}/v2/",
+                    "compute": f"{self.endpoint}/compute/v1/",
                     "admin": f"{self.endpoint}/_emulator/",
                 }
             )

@@ -93,7 +93,16 @@ def _as_json(value: Any, keep_keys: bool = False) -> Any:
 def serve(
     node: Node | None, worker: int, hostnames: list[str], path: str, query: dict[str, str], flavor: str | None
 ) -> tuple[int, str, bytes]:
-    """(status, content type, body) for one metadata request; `path` is what follows computeMetadata/v1/."""
+    """(status, content type, body) for one metadata request of a TPU VM; `path` is what follows computeMetadata/v1/."""
+    if node is None or worker not in node.workers:  # a VM shutting down (DELETING) still reads its metadata
+        return answer(None, {}, path, query, flavor)
+    return answer(tree(node, worker, hostnames), token(node, worker), path, query, flavor)
+
+
+def answer(
+    data: dict[str, Any] | None, access_token: dict[str, Any], path: str, query: dict[str, str], flavor: str | None
+) -> tuple[int, str, bytes]:
+    """One metadata server answer from a VM's tree (None: no such VM), as the real server gives it."""
     if flavor != "Google":
         return (
             403,
@@ -101,15 +110,15 @@ def serve(
             b"Your client does not have permission to get URL from this server. "
             b"Missing Metadata-Flavor:Google header.\n",
         )
-    if node is None or worker not in node.workers:  # a VM shutting down (DELETING) still reads its metadata
+    if data is None:
         return 404, "text/html", b"Not Found: no such VM is running\n"
-    value: Any = tree(node, worker, hostnames)
+    value: Any = data
     for part in [p for p in path.split("/") if p]:
         if not isinstance(value, dict) or part not in value:
             return 404, "text/html", f"Not Found: /computeMetadata/v1/{path}\n".encode()
         value = value[part]
     if value is TOKEN:
-        return 200, "application/json", json.dumps(token(node, worker)).encode()
+        return 200, "application/json", json.dumps(access_token).encode()
     as_json = query.get("recursive") == "true" or query.get("alt") == "json"
     if as_json:
         return 200, "application/json", json.dumps(_as_json(value, path.rstrip("/").endswith("attributes"))).encode()

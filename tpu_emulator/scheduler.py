@@ -117,6 +117,15 @@ class Agenda:
             finally:
                 self._applying = None
 
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass for what is on the agenda: every transition due within them is due now, in order, and
+        the rest that much sooner (a maxRunDuration of hours, rehearsed in seconds). The caller holds the lock."""
+        self._queue = [(due - seconds, seq, fn) for due, seq, fn in self._queue]
+        heapq.heapify(self._queue)
+        self._scheduler.after(0.0, self.tick)
+        for due, _, _ in self._queue:
+            self._scheduler.after(due - time.monotonic(), self.tick)
+
     def tick(self) -> None:
         with self._lock:
             self.settle()

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from runner.plan import catalog
-from tpu_emulator import codec, errors
+from tpu_emulator import codec, discovery, errors
 from tpu_emulator.errors import ApiError, not_found
 from tpu_emulator.faults import Faults
 from tpu_emulator.resources import project_number
@@ -55,6 +55,7 @@ class Response:
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     after: After | None = None  # runs once the answer is sent
+    method_id: str | None = None  # the discovery method the request and this answer were checked against
 
     @classmethod
     def json(cls, data: Any, status: int = 200, after: After | None = None) -> Response:
@@ -76,6 +77,9 @@ class RecordedRequest:
     body: Any  # the JSON body, the text when it is not JSON, None when empty
     status: int
     authorization: str | None = None
+    # "<api>.<version> <revision> <method id>" when the request was checked against Google's discovery document
+    # (and its answer too, when it succeeded); None where the document is not installed or no method matched.
+    checked: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ class RecordedRequest:
             "body": self.body,
             "status": self.status,
             "authorization": self.authorization,
+            "checked": self.checked,
         }
 
 
@@ -135,6 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
                 _decode_body(raw),
                 response.status,
                 headers.get("authorization"),
+                response.method_id,
             )
         )
         self.send_response(response.status)
@@ -187,6 +193,44 @@ class HttpServer:
         self._thread.join(10)
 
 
+class SchemaCheck:
+    """Requests and answers of one API against its discovery document (tpu_emulator.discovery), when installed.
+
+    A request that breaks the schema is refused with 400 INVALID_ARGUMENT before any route sees it, as Google's
+    front end does. A successful answer that breaks it is the emulator's own bug: it becomes a 500 naming every
+    violation, so that no test can pass on an answer the real API could not give."""
+
+    def __init__(self, doc: discovery.Discovery | None, bodies: Mapping[str, str]) -> None:
+        self.doc = doc
+        self.bodies = bodies  # method id -> how violations name its body ("node", "resource")
+
+    def label(self, method_id: str) -> str | None:
+        return f"{self.doc.name}.{self.doc.version} {self.doc.revision} {method_id}" if self.doc else None
+
+    def request(self, method_id: str, request: Request) -> discovery.Violations:
+        if self.doc is None:
+            return []
+        try:
+            body = json.loads(request.body) if request.body else None
+        except ValueError:
+            return []  # not JSON at all: the route's own parser says so, in the API's words
+        name = self.bodies.get(method_id, "resource")
+        return self.doc.check_request(method_id, request.path, request.query, body, body_name=name)
+
+    def answer(self, method_id: str, response: Response, numeric_enums: bool) -> Response:
+        response.method_id = self.label(method_id)
+        if self.doc is None or not 200 <= response.status < 300 or response.content_type != "application/json":
+            return response
+        problems = self.doc.check_response(method_id, json.loads(response.body), numeric_enums=numeric_enums)
+        if not problems:
+            return response
+        text = "; ".join(f"{field}: {description}" for field, description in problems)
+        print(f"[emulator] answer of {method_id} breaks {self.doc.name}.{self.doc.version}: {text}", file=sys.stderr)
+        error = Response.error(ApiError("INTERNAL", f"The emulator's answer to {method_id} breaks the schema: {text}"))
+        error.method_id, error.after = response.method_id, response.after
+        return error
+
+
 def _page(items: list[Any], query: Mapping[str, str], key: str, render: Callable[[Any], Any]) -> dict[str, Any]:
     try:
         size = int(query.get("pageSize") or 0)
@@ -203,6 +247,17 @@ def _page(items: list[Any], query: Mapping[str, str], key: str, render: Callable
     return out
 
 
+# The request body's field name in each method that has one, as the API's messages name it.
+_BODIES = {
+    "tpu.projects.locations.nodes.create": "node",
+    "tpu.projects.locations.queuedResources.create": "queued_resource",
+}
+
+
+def _method_path(what: str) -> str:
+    return what if what.startswith("locations.") else f"locations.{what}"
+
+
 def _zones() -> list[str]:
     return sorted({z for g in catalog.generations().values() for z in (*g.single_host_zones, *g.multi_host_zones)})
 
@@ -214,27 +269,34 @@ class Api:
         self.cloud = cloud
         self.faults = faults
         routes: list[tuple[str, str, Callable[..., Response], str]] = [
-            ("GET", rf"/v2/projects/{SEG}/locations", self.list_locations, "tpu.locations.list"),
-            ("GET", PARENT, self.get_location, "tpu.locations.get"),
-            ("POST", rf"{PARENT}/nodes", self.create_node, "tpu.nodes.create"),
-            ("GET", rf"{PARENT}/nodes", self.list_nodes, "tpu.nodes.list"),
-            ("GET", rf"{PARENT}/nodes/{SEG}", self.get_node, "tpu.nodes.get"),
-            ("DELETE", rf"{PARENT}/nodes/{SEG}", self.delete_node, "tpu.nodes.delete"),
-            ("GET", rf"{PARENT}/operations", self.list_operations, "tpu.operations.list"),
-            ("GET", rf"{PARENT}/operations/{SEG}", self.get_operation, "tpu.operations.get"),
-            ("DELETE", rf"{PARENT}/operations/{SEG}", self.delete_operation, "tpu.operations.delete"),
-            ("POST", rf"{PARENT}/queuedResources", self.create_queued, "tpu.queuedResources.create"),
-            ("GET", rf"{PARENT}/queuedResources", self.list_queued, "tpu.queuedResources.list"),
-            ("GET", rf"{PARENT}/queuedResources/{SEG}", self.get_queued, "tpu.queuedResources.get"),
-            ("DELETE", rf"{PARENT}/queuedResources/{SEG}", self.delete_queued, "tpu.queuedResources.delete"),
-            ("GET", rf"{PARENT}/acceleratorTypes", self.list_types, "tpu.acceleratorTypes.list"),
-            ("GET", rf"{PARENT}/acceleratorTypes/{SEG}", self.get_type, "tpu.acceleratorTypes.get"),
+            ("GET", rf"/v2/projects/{SEG}/locations", self.list_locations, "locations.list"),
+            ("GET", PARENT, self.get_location, "locations.get"),
+            ("POST", rf"{PARENT}/nodes", self.create_node, "nodes.create"),
+            ("GET", rf"{PARENT}/nodes", self.list_nodes, "nodes.list"),
+            ("GET", rf"{PARENT}/nodes/{SEG}", self.get_node, "nodes.get"),
+            ("DELETE", rf"{PARENT}/nodes/{SEG}", self.delete_node, "nodes.delete"),
+            ("GET", rf"{PARENT}/operations", self.list_operations, "operations.list"),
+            ("GET", rf"{PARENT}/operations/{SEG}", self.get_operation, "operations.get"),
+            ("DELETE", rf"{PARENT}/operations/{SEG}", self.delete_operation, "operations.delete"),
+            ("POST", rf"{PARENT}/queuedResources", self.create_queued, "queuedResources.create"),
+            ("GET", rf"{PARENT}/queuedResources", self.list_queued, "queuedResources.list"),
+            ("GET", rf"{PARENT}/queuedResources/{SEG}", self.get_queued, "queuedResources.get"),
+            ("DELETE", rf"{PARENT}/queuedResources/{SEG}", self.delete_queued, "queuedResources.delete"),
+            ("GET", rf"{PARENT}/acceleratorTypes", self.list_types, "acceleratorTypes.list"),
+            ("GET", rf"{PARENT}/acceleratorTypes/{SEG}", self.get_type, "acceleratorTypes.get"),
         ]
-        self.routes = [(method, re.compile(path + "$"), fn, perm) for method, path, fn, perm in routes]
+        # Each route is one method of tpu.v2.json: its id is tpu.projects.locations.<what>, its IAM permission
+        # tpu.<what> (tpu.nodes.create).
+        self.routes = [
+            (method, re.compile(path + "$"), fn, f"tpu.{what}", f"tpu.projects.{_method_path(what)}")
+            for method, path, fn, what in routes
+        ]
+        self.schema = SchemaCheck(discovery.load("tpu.v2.json"), _BODIES)
 
     def handle(self, request: Request) -> Response:
         with self.cloud.lock:
             self.cloud.settle()
+        checked: str | None = None  # the method the request was checked against, once it was
         try:
             burst = self.faults.take("http", method=request.method, path=request.path)
             if burst is not None:
@@ -243,7 +305,7 @@ class Api:
             if limited is not None:
                 project = _PROJECT.match(request.path)
                 raise errors.rate_limited(project_number(project[1] if project else "-"), message=limited.message)
-            for method, pattern, fn, permission in self.routes:
+            for method, pattern, fn, permission, method_id in self.routes:
                 match = pattern.match(request.path)
                 if match and method == request.method:
                     denied = self.faults.take("permission", permission=permission)
@@ -254,14 +316,20 @@ class Api:
                             resource += "/" + new_id
                         raise errors.permission_denied(permission, resource, message=denied.message)
                     numeric = "enum-encoding=int" in request.query.get("$alt", "")
-                    return fn(request, numeric, *match.groups())
+                    checked = self.schema.label(method_id)
+                    problems = self.schema.request(method_id, request)
+                    if problems:
+                        raise errors.invalid(problems)
+                    return self.schema.answer(method_id, fn(request, numeric, *match.groups()), numeric)
             if NOT_EMULATED.match(request.path) or ":" in request.path.rsplit("/", 1)[-1]:
                 raise ApiError(
                     "UNIMPLEMENTED", f"The TPU API emulator does not implement {request.method} {request.path}"
                 )
             raise ApiError("NOT_FOUND", f"The requested URL {request.path} was not found on this server.")
         except ApiError as exc:
-            return Response.error(exc)
+            response = Response.error(exc)
+            response.method_id = checked
+            return response
 
     # -- rendering ----------------------------------------------------------------------------------------------
 

@@ -177,8 +177,18 @@ class VmLauncher:
     def vm_env(
         self, project: str, zone: str, node_id: str, worker: int, marker: str, coordinator: str | None = None
     ) -> dict[str, str]:
-        """The environment of a VM's startup-script: the contract bootstrap scripts rely on."""
-        directory = self.vm_dir(project, zone, node_id, worker)
+        """The environment of a TPU VM's startup-script: the contract bootstrap scripts rely on."""
+        return self._env(
+            self.vm_dir(project, zone, node_id, worker),
+            self.hostname(project, zone, node_id, worker),
+            f"{self.endpoint}/_vm/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1",
+            marker,
+            coordinator,
+        )
+
+    def _env(
+        self, directory: Path, hostname: str, metadata_url: str, marker: str, coordinator: str | None
+    ) -> dict[str, str]:
         user = os.environ.get("USER") or getpass.getuser()
         env = {
             "PATH": f"{self.shim_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
@@ -188,9 +198,11 @@ class VmLauncher:
             "LOGNAME": user,
             "SHELL": "/bin/bash",
             "LANG": "C.UTF-8",
-            "HOSTNAME": self.hostname(project, zone, node_id, worker),
-            "RUNNER_METADATA_URL": f"{self.endpoint}/_vm/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1",
+            "HOSTNAME": hostname,
+            "RUNNER_METADATA_URL": metadata_url,
+            # Both APIs are served at the same address: a VM deletes itself through the API that made it.
             "RUNNER_TPU_API": self.endpoint,
+            "RUNNER_COMPUTE_API": self.endpoint,
             MARKER: marker,
         }
         if self.gcs_endpoint:
@@ -213,24 +225,49 @@ class VmLauncher:
         processes = []
         for worker in range(hosts):
             directory = self.vm_dir(project, zone, node_id, worker)
-            shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk
-            for sub in ("home", "tmp"):
-                (directory / sub).mkdir(parents=True, exist_ok=True)
             env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}", coordinator)
-            with (directory / "console.log").open("ab") as console:
-                console.write(f"[tpu-emulator] {name} worker {worker} of {hosts}: running startup-script\n".encode())
-                console.flush()
-                popen = subprocess.Popen(
-                    ["bash", "-c", script],
-                    cwd=directory,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=console,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            processes.append(VmProcess(worker, popen, directory, env["HOSTNAME"]))
-        group = VmGroup(name, prefix, processes)
+            header = f"{name} worker {worker} of {hosts}: running startup-script"
+            processes.append(self._start(worker, directory, env, script, header))
+        return self._keep(VmGroup(name, prefix, processes))
+
+    def instance_dir(self, project: str, zone: str, instance: str) -> Path:
+        return self.workdir / "compute" / project / zone / instance
+
+    def boot_instance(
+        self, project: str, zone: str, instance: str, script: str | None, coordinator: str | None = None
+    ) -> VmGroup | None:
+        """Start a Compute Engine instance's startup-script (one VM, its own metadata server under /_gce/); None
+        when it has none. A VM booting again (a restart after a host error, a recreation) boots from a fresh
+        directory, as from a fresh boot disk."""
+        if script is None:
+            return None
+        prefix = f"{self.emulator_id}:{next(self._boots)}:"
+        directory = self.instance_dir(project, zone, instance)
+        url = f"{self.endpoint}/_gce/{project}/{zone}/{instance}/computeMetadata/v1"
+        env = self._env(directory, instance, url, f"{prefix}0", coordinator)
+        path = f"projects/{project}/zones/{zone}/instances/{instance}"
+        process = self._start(0, directory, env, script, f"{path}: running startup-script")
+        return self._keep(VmGroup(path, prefix, [process]))
+
+    def _start(self, worker: int, directory: Path, env: dict[str, str], script: str, header: str) -> VmProcess:
+        shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk
+        for sub in ("home", "tmp"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        with (directory / "console.log").open("ab") as console:
+            console.write(f"[tpu-emulator] {header}\n".encode())
+            console.flush()
+            popen = subprocess.Popen(
+                ["bash", "-c", script],
+                cwd=directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return VmProcess(worker, popen, directory, env["HOSTNAME"])
+
+    def _keep(self, group: VmGroup) -> VmGroup:
         with self._lock:
             self._groups.append(group)
         return group

@@ -281,7 +281,7 @@ def test_a_node_that_is_just_there(client: tpu_v2.TpuClient, tpu_emulator: TpuEm
         ("ok", {"accelerator": "v5p-8"}, "v5p-8 is offered in us-central1-a"),
         ("ok", {"runtime": "tpu-vm-tf-2.16.1-pod-pjrt"}, "Invalid runtime version 'tpu-vm-tf-2.16.1-pod-pjrt'"),
         ("ok", {"runtime": "v2-alpha-tpuv5"}, "Invalid runtime version"),
-        ("ok", {"runtime": ""}, "runtimeVersion is required"),
+        ("ok", {"runtime": ""}, "Required field 'node.runtime_version' not specified"),  # by tpu.v2.json
         ("Bad-Name", {}, "Invalid value for field 'node_id': 'Bad-Name'"),
         ("1abc", {}, "field 'node_id'"),
         ("ends-", {}, "field 'node_id'"),
