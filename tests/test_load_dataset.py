@@ -28,7 +28,7 @@ def test_from_the_cache_a_path_and_gs(
     assert load_dataset("mnist", mnist_npz).y_train[:5].tolist() == cached.y_train[:5].tolist()
     from_bucket = load_dataset("mnist", gcs_mnist)
     assert len(from_bucket.x_test) == len(cached.x_test)
-    with pytest.raises(DatasetError, match="only 'mnist'"):
+    with pytest.raises(DatasetError, match="give 'mnist', or a .npz path or gs:// URL"):
         load_dataset("cifar10")
     with pytest.raises(DatasetError, match="no such file"):
         load_dataset("mnist", tmp_path / "none.npz")

@@ -63,6 +63,7 @@ def status(
                     "checkpoints": [c.to_json() for c in facts.checkpoints],
                     "cost": facts.cost.to_json() if facts.cost is not None else None,
                     "startup": facts.startup.to_json(),
+                    "attempts": [a.model_dump(mode="json") for a in record.attempts],
                     "warnings": warnings,
                 },
                 default=str,
@@ -74,6 +75,20 @@ def status(
         ("job", one_line(record.job, 80)),
         ("backend", one_line(record.backend, 40)),
         ("created", when(record.created_at, "%Y-%m-%d %H:%M:%S")),
+        *(
+            [
+                (
+                    "attempts",
+                    f"{len(record.attempts) + 1}: "
+                    + ", ".join(
+                        f"{a.state} {when(a.finished_at or a.started_at, '%m-%d %H:%M')}" for a in record.attempts
+                    )
+                    + ", then `runner resume`",
+                )
+            ]
+            if record.attempts
+            else []
+        ),
     ]
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))

@@ -240,7 +240,7 @@ class Progress(_Callback):
         self._t0 = self._printed = self._written = 0.0
         self._first = False
 
-    def write(self, validation_step: int | None = None) -> None:
+    def write(self, validation_step: int | None = None, phase: str | None = None) -> None:
         if self.file is None:
             return
         c = self.cursor
@@ -251,7 +251,7 @@ class Progress(_Callback):
             step=c.step,
             steps_per_epoch=c.steps,
             global_step=c.global_step,
-            phase="train" if validation_step is None else "validate",
+            phase=phase or ("train" if validation_step is None else "validate"),
             validation_step=validation_step,
         )
         write_atomic(self.file, json.dumps(state.to_json()).encode())
@@ -259,6 +259,11 @@ class Progress(_Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.write()
+
+    def done(self) -> None:
+        """Training has run to its end: "phase": "done", which tells the supervisor that an exit 0 after a stop
+        request is the job's own success, its work complete (a plain SIGTERM handler's exit 0 is a cancel)."""
+        self.write(phase=rundir.TRAINING_DONE)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._t0 = self._printed = self.clock()

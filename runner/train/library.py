@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -303,10 +304,13 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             self._each("on_train_end", logs)
             self.undo()
-            if self.checkpointer is not None and self.checkpointer.stopped:
-                # Stopped at an epoch's end (saved): the job ends here, as a stop mid-epoch does.
-                raise cb.TrainingInterrupted(self.stop.signum or 15)
+            cursor = self.inner[0]
+            if cursor.position[0] < cursor.epochs:
+                if self.checkpointer.stopped:  # at an epoch's end (saved): the job ends, as a stop mid-epoch does
+                    raise cb.TrainingInterrupted(self.stop.signum or signal.SIGTERM)
+                return  # ended early by the job's own callbacks (EarlyStopping): not the runner's to judge
             self.stop.finished = True
+            next(c for c in self.inner if isinstance(c, cb.Progress)).done()
 
     return RunCallback()
 
@@ -341,8 +345,8 @@ def _processes(model: Any, framework: str) -> tuple[Any, bool]:
         return (agreement.Agreement(agreement.jax_sum, count) if count > 1 else None), index == 0
     strategy = getattr(model, "distribute_strategy", None)
     resolver = getattr(strategy, "cluster_resolver", None)
-    workers = int(os.environ.get(contract.NUM_WORKERS) or 1)
-    if strategy is not None and type(strategy).__name__.startswith("MultiWorkerMirroredStrategy") and workers > 1:
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         chief = resolver is None or resolver.task_type != "worker" or int(resolver.task_id or 0) == 0
         replicas = int(strategy.num_replicas_in_sync)
         return agreement.Agreement(agreement.tensorflow_sum(strategy), replicas), chief

@@ -588,14 +588,8 @@ def adopt_choices(plan: Any, chosen: Sequence[int]) -> Any:
     kernels (two workers that chose apart aborted the first all-reduce: "expected data_type 1 but got data_type 9"),
     however differently its own machine or its own timing would have chosen."""
     precision, dropout, steps, jit = chosen
-    values = {
-        "precision": PRECISIONS[precision],
-        "dropout": _DROPOUT[dropout],
-        "steps_per_execution": steps,
-        "jit_compile": _JIT[jit],
-        "precision_reason": "worker 0's choice for the run",
-        "precision_source": "worker 0",
-        "calibration": None,
-    }
+    values = {"precision": PRECISIONS[precision], "dropout": _DROPOUT[dropout], "steps_per_execution": steps}
+    values |= {"jit_compile": _JIT[jit], "precision_reason": "worker 0's choice for the run"}
+    values |= {"precision_source": "worker 0", "calibration": None}
     own = {f.name for f in fields(plan)}
     return replace(plan, **{k: v for k, v in values.items() if k in own})

@@ -408,6 +408,9 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
         _say("[trainer] stopped before the end; the newest checkpoint is kept for a resume")
         raise SystemExit(stop.exit_code)
     stop.finished = True
+    from runner.train.callbacks import Progress
+
+    _find(callbacks, Progress).done()
     return finish(run)
 
 

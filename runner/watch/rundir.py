@@ -94,6 +94,9 @@ class ExitRecord:
         return {**dataclasses.asdict(self), "state": str(self.state)}
 
 
+TRAINING_DONE = "done"  # progress.json's phase once training ran to its end (runner.train writes it)
+
+
 @dataclass(frozen=True)
 class Progress:
     """progress.json: where training stands, rewritten every few seconds. Every field is optional: user code may
@@ -106,7 +109,7 @@ class Progress:
     step: int | None = None  # steps done of that epoch
     steps_per_epoch: int | None = None
     global_step: int | None = None
-    phase: str | None = None  # "train" | "validate"
+    phase: str | None = None  # "train" | "validate" | "done" (TRAINING_DONE: every epoch trained)
     validation_step: int | None = None
 
     @classmethod

@@ -36,7 +36,7 @@ from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now
 from runner.watch.logtext import LogCleaner
 from runner.watch.results import write_derived_summary
-from runner.watch.rundir import ExitRecord, Heartbeat, Progress
+from runner.watch.rundir import TRAINING_DONE, ExitRecord, Heartbeat, Progress
 from runner.watch.state import RunState
 from runner.worker.mirror import Mirror, checkpoint_keep
 
@@ -317,11 +317,13 @@ class Supervisor:
     def finish(self, events: EventLog, returncode: int | None, error: str | None) -> int:
         # A negative return code is the signal that killed the job; report it as a shell would (128 + signal).
         code = 127 if returncode is None else returncode if returncode >= 0 else 128 - returncode
-        if code == 0:
-            # The job finished its work, whatever asked it to stop meanwhile (a SIGTERM after its training ended).
+        reported = self.progress()
+        if code == 0 and (not self.stop_reason or (reported is not None and reported.phase == TRAINING_DONE)):
+            # The job finished its work, whatever asked it to stop meanwhile: a stop that came after its training
+            # ran to its end (runner.train says so in progress.json) does not make it cancelled.
             state = RunState.SUCCEEDED
             if self.stop_reason:
-                print("[runner] the job finished its work before it stopped", file=sys.stderr, flush=True)
+                print("[runner] the job had finished its training when it was stopped", file=sys.stderr, flush=True)
         else:
             code = EXIT_SAFETY_STOP if self.safety_stop else code
             state = RunState(self.stop_reason or "failed")

@@ -180,7 +180,8 @@ def test_the_job_environment_is_the_same_contract_on_every_backend(tmp_path: Pat
     text += "accelerator: {type: v5litepod-8, zone: us-central1-a, project: my-project}\n"
     local = plan_local(load_spec_text(text.replace("STORAGE", str(tmp_path))), None)
     cloud = plan_cloud(load_spec_text(text.replace("STORAGE", "gs://my-bucket/p")), None, environ={})
-    backend_only = {contract.TPU_NAME}  # which TPU the resolver connects to: a TPU VM's alone
+    # Which TPU the resolver connects to, and where this machine's data cache was copied for the VM: a TPU VM's alone.
+    backend_only = {contract.TPU_NAME, contract.DATA_URL}
     assert {k for k in local.env if k.startswith("RUNNER_")} == {k for k in cloud.env if k.startswith("RUNNER_")} - (
         backend_only
     )

@@ -139,6 +139,19 @@ STATUS: Schema = _object(
         "checkpoints": {"type": "array", "items": CHECKPOINT},
         "cost": COST,
         "startup": STARTUP,
+        "attempts": {
+            "type": "array",
+            "items": _object(
+                {
+                    "started_at": NUMBER,
+                    "finished_at": MAYBE_NUMBER,
+                    "state": STATE,
+                    "reason": {"type": ["string", "null"]},
+                    "backend": STRING,
+                    "overrides": STRINGS,
+                }
+            ),
+        },
         "warnings": STRINGS,
     }
 )

@@ -214,8 +214,9 @@ def test_attach_mode_creates_nothing() -> None:
         ("dry_run_multislice.txt", {"type": "v4-16", "zones": ["us-central2-b"], "slices": 2}),
     ],
 )
-def test_dry_run_golden(golden: str, overrides: dict[str, object]) -> None:
-    """The whole dry run, byte for byte (UPDATE_GOLDEN=1 pytest tests/plan regenerates it)."""
+def test_dry_run_golden(golden: str, overrides: dict[str, object], mnist_npz: Path) -> None:
+    """The whole dry run, byte for byte (UPDATE_GOLDEN=1 pytest tests/plan regenerates it). With this machine's MNIST
+    cache (mnist_npz), which a TPU VM run copies beside its run directory (RUNNER_DATA_URL)."""
     import os
 
     from runner.cli.submit import dry_run_text

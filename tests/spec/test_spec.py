@@ -80,7 +80,7 @@ def test_resolved_spec_round_trips() -> None:
         ("name: a\nimage: i\ntraining: {batch_size: big}\n", "training.batch_size: Input should be a valid integer"),
         (
             "name: a\nimage: i\ntraining: {model: resnet}\n",
-            "training.model: Input should be 'mnist_cnn' or 'mnist_mlp'",
+            "training.model: 'resnet' is neither a built-in model (mnist_cnn, mnist_mlp) nor module:function",
         ),
         ("name: a\nimage: i\ntraining: {learning_rate: -1}\n", "training.learning_rate: Input should be greater"),
         ("name: a\nimage: i\ntraining: {}\nstorage: s3://b/x\n", "storage: 's3://b/x': storage must be gs://"),
