@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,9 @@ def test_each_guide_changes_only_where_it_must(example: str) -> None:
     assert any("from runner.datasets import mnist" in line for line in added)
     removed = [line[1:] for line in changed if line.startswith("-")]
     # What goes: the TPU connection, the data's source, the fit's last line; nothing of the model or its compile.
-    connection = r"TPU|tpu|strategy|resolver|Running on|except|try:|mnist|model\.fit\(|validation_data|get_model|^\s*#|^$"
+    connection = (
+        r"TPU|tpu|strategy|resolver|Running on|except|try:|mnist|model\.fit\(|validation_data|get_model|^\s*#|^$"
+    )
     for line in removed:
         assert re.search(connection, line), line
     assert len([line for line in added if not line.strip().startswith("#")]) <= 7
@@ -135,49 +138,43 @@ def rows(path: Path) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def stop_and_resume(example: str, tmp_path: Path, train: int) -> tuple[Path, Path, str]:
+    """`runner submit job.yaml --local` in a copy of the example, Ctrl-C mid-epoch, then `runner resume`: the run
+    directory, the runner home and what the resume printed."""
+    home, cache = tmp_path / f"home-{example}", data_cache(tmp_path, train, 512, f"data-{example}")
+    where, env = copy_example(example, tmp_path), env_for(home, cache)
+    proc = subprocess.Popen(
+        [*RUNNER, "submit", "job.yaml", "--local"],
+        cwd=where,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir = interrupt_mid_epoch(proc, home, example)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert re.search(r"SIGTERM: saved ckpt-\d{6}-s\d{6}\.keras", out), out[-3000:]
+    resumed = subprocess.run(
+        [*RUNNER, "resume", run_dir.name], cwd=where, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    return run_dir, home, resumed.stdout
+
+
 # Per guide: the training examples of its data-cache slice; the CNN's batch of 1024 needs more for several steps.
 SLICES = {"gpu_tpu_guide": 2048, "colab_tpu": 2048, "gpu_vs_tpu": 6144}
 
 
 @pytest.mark.slow
 def test_each_guide_stopped_mid_epoch_and_resumed_trains_the_uninterrupted_steps(tmp_path: Path) -> None:
-    started = {}
-    for example in SEEDS:
-        home, cache = tmp_path / f"home-{example}", data_cache(tmp_path, SLICES[example], 512, f"data-{example}")
-        where = copy_example(example, tmp_path)
-        proc = subprocess.Popen(
-            [*RUNNER, "submit", "job.yaml", "--local"],
-            cwd=where,
-            env=env_for(home, cache),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        started[example] = (proc, home, cache, where)
-    stopped = {}
-    for example, (proc, home, _cache, _where) in started.items():
-        run_dir = interrupt_mid_epoch(proc, home, example)
-        out = proc.communicate(timeout=120)[0]
-        assert proc.returncode == 130, out[-3000:]
-        assert re.search(r"SIGTERM: saved ckpt-\d{6}-s\d{6}\.keras", out), out[-3000:]
-        stopped[example] = run_dir
-    resumed = {
-        example: subprocess.Popen(
-            [*RUNNER, "resume", stopped[example].name],
-            cwd=where,
-            env=env_for(home, cache),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for example, (_proc, home, cache, where) in started.items()
-    }
-    for example, proc in resumed.items():
-        out = proc.communicate(timeout=600)[0]
-        assert proc.returncode == 0, out[-3000:]
-        assert f"resuming {stopped[example].name} (cancelled) as its attempt 2" in out
+    # The three are independent runs: each is followed, stopped and resumed in a thread of its own, at once.
+    with ThreadPoolExecutor(len(SEEDS)) as pool:
+        done = {example: pool.submit(stop_and_resume, example, tmp_path, SLICES[example]) for example in SEEDS}
+    for example, future in done.items():
+        run_dir, home, out = future.result()
+        assert f"resuming {run_dir.name} (cancelled) as its attempt 2" in out
         assert re.search(r"\[runner\] resumed from ckpt-\d{6}-s\d{6}\.keras: epoch \d+ step \d+ of \d+", out), out
-        run_dir = stopped[example]
         progress = json.loads((run_dir / contract.PROGRESS).read_text())
         metrics = rows(run_dir / contract.METRICS)
         # One line per epoch, the interrupted one too; the last one's global step is every epoch's steps: none lost
@@ -185,7 +182,7 @@ def test_each_guide_stopped_mid_epoch_and_resumed_trains_the_uninterrupted_steps
         assert [r["epoch"] for r in metrics] == list(range(1, progress["epochs"] + 1)), example
         assert metrics[-1]["global_step"] == progress["epochs"] * progress["steps_per_epoch"], example
         assert sum(1 for r in metrics if r.get("resumed_at_step")) == 1, example
-        record = json.loads(next((started[example][1] / "runs").glob("*.json")).read_text())
+        record = json.loads(next((home / "runs").glob("*.json")).read_text())
         assert record["state"] == "succeeded" and [a["state"] for a in record["attempts"]] == ["cancelled"]
 
 

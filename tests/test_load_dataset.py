@@ -28,7 +28,7 @@ def test_from_the_cache_a_path_and_gs(
     assert load_dataset("mnist", mnist_npz).y_train[:5].tolist() == cached.y_train[:5].tolist()
     from_bucket = load_dataset("mnist", gcs_mnist)
     assert len(from_bucket.x_test) == len(cached.x_test)
-    with pytest.raises(DatasetError, match="give 'mnist', or a .npz path or gs:// URL"):
+    with pytest.raises(DatasetError, match=r"give 'mnist', or a \.npz path or gs:// URL"):
         load_dataset("cifar10")
     with pytest.raises(DatasetError, match="no such file"):
         load_dataset("mnist", tmp_path / "none.npz")
@@ -86,3 +86,27 @@ def test_a_command_job_loads_mnist(tmp_path: Path, mnist_npz: Path) -> None:
     result = CliRunner().invoke(app, ["submit", str(job), "--local"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "shapes (60000, 28, 28) (10000, 28, 28)" in result.output
+
+
+def test_on_a_machine_without_the_cache_mnist_comes_from_the_copy_beside_the_run_directory(
+    mnist_npz: Path, gcs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TPU VM: its job's data cache is empty, and RUNNER_DATA_URL names where `runner submit` copied this machine's
+    cache (lifecycle.share_data). The first read downloads it into the job's cache; Keras' own lines work too."""
+    from runner.plan.planner import DATASETS_DIR
+    from runner.storage import open_storage
+
+    url = f"gs://runner-test/{tmp_path.name}/{DATASETS_DIR}"
+    open_storage(url).upload_file(mnist_npz, datasets.MNIST_NPZ)
+    empty = tmp_path / "vm-cache"
+    monkeypatch.setenv(contract.DATA_DIR, str(empty))
+    monkeypatch.setenv(contract.DATA_URL, url)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.keras to fall back on
+    (x_train, y_train), (x_test, _) = datasets.mnist.load_data()
+    assert x_train.shape == (60000, 28, 28) and x_test.shape == (10000, 28, 28)
+    assert (empty / datasets.MNIST_NPZ).stat().st_size == mnist_npz.stat().st_size
+    monkeypatch.delenv(contract.DATA_URL)
+    assert load_dataset("mnist").y_train[:5].tolist() == y_train[:5].tolist()  # from the job's cache now
+    with pytest.raises(DatasetError, match="not in the data cache"):
+        monkeypatch.setenv(contract.DATA_DIR, str(tmp_path / "other"))
+        load_dataset("mnist")

@@ -242,9 +242,8 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             replay = seams.plan_replay(keras, data, position, steps)
             if not replay.exact:
                 _say(f"[runner] {replay.why}: epoch {position[0] + 1} starts over from its first step")
-            chunk = int(getattr(model, "steps_per_execution", 1) or 1)
-            if hasattr(chunk, "numpy"):
-                chunk = int(chunk.numpy())
+            chunk = getattr(model, "steps_per_execution", 1) or 1  # tf_keras: a variable
+            chunk = int(chunk.numpy()) if hasattr(chunk, "numpy") else int(chunk)
             self.undo = seams.continue_at(model, keras, replay, chunk)
             where = ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS
             store = CheckpointStore(where, settings.keep)

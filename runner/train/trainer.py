@@ -32,23 +32,12 @@ from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
-from runner.train.engines.tensorflow import keras_version, select_keras
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore_into
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
-__all__ = [
-    "Prepared",
-    "TrainerError",
-    "finish",
-    "fit",
-    "keras_version",
-    "make_callbacks",
-    "prepare",
-    "select_keras",
-    "train",
-]
+__all__ = ["Prepared", "TrainerError", "finish", "fit", "make_callbacks", "prepare", "train"]
 
 
 @dataclass
