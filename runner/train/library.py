@@ -240,7 +240,9 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             elif chooser.found_any:
                 _say(f"[runner] no checkpoint verifies ({len(chooser.skipped)} skipped): starting from epoch 1")
             replay = seams.plan_replay(keras, data, position, steps)
-            if not replay.exact:
+            if not replay.exact and replay.start[1]:
+                _say(f"[runner] {replay.why}: epoch {position[0] + 1} goes on from step {position[1]} on other batches")
+            elif not replay.exact:
                 _say(f"[runner] {replay.why}: epoch {position[0] + 1} starts over from its first step")
             chunk = getattr(model, "steps_per_execution", 1) or 1  # tf_keras: a variable
             chunk = int(chunk.numpy()) if hasattr(chunk, "numpy") else int(chunk)

@@ -190,21 +190,22 @@ def plan_replay(keras: Any, data: FitData, position: tuple[int, int], steps_per_
     """How to continue at `position` (epochs done, steps of the next) given what fit was given: the batches to take
     untrained are those Keras' iteration had drawn by then (see the module docstring)."""
     epoch, step = position
-    legacy, numpy_order = flavour(keras) == "tf_keras", backend(keras) != "tensorflow"
+    legacy = flavour(keras) == "tf_keras"
     drawn = epoch * steps_per_epoch + step  # batches taken since fit began, in the interrupted run
     if data.kind == ARRAYS and data.batches:
         if legacy:  # one stream of every epoch's draws
             return Replay((epoch, step), drawn, True, "")
         if data.steps_per_epoch in (None, data.batches):  # a new iterator each epoch
             return Replay((epoch, step), step, True, "")
-        if not numpy_order:  # one iterator over epochs, the same order each time it starts again
-            return Replay((epoch, step), drawn % data.batches, True, "")
+        # One iterator read across epochs (steps_per_epoch), started again when it runs out, on Keras' own count of
+        # steps: its place cannot be reached without ending an epoch early. The steps stay exact; the batches of the
+        # rest of the epoch are drawn anew.
+        return Replay((epoch, step), step, False, "arrays read across epochs (steps_per_epoch) cannot be replayed")
     elif data.kind == DATASET and data.steps_per_epoch is None and (data.deterministic or step == 0):
         return Replay((epoch, step), step, True, "")
     if step == 0:
         return Replay((epoch, 0), 0, True, "")
-    why = data.describe() if data.kind != ARRAYS else "arrays read across epochs (steps_per_epoch) on JAX"
-    return Replay((epoch, 0), 0, False, f"{why} cannot be replayed to step {step}")
+    return Replay((epoch, 0), 0, False, f"{data.describe()} cannot be replayed to step {step}")
 
 
 class _Counters:
