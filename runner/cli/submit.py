@@ -84,7 +84,7 @@ def submit(
         from runner.plan.planner import plan_local
 
         plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
-        backend = LocalBackend(prefer="process" if process else None)
+        backend = LocalBackend(prefer="process" if process else None, say=say)
     else:
         from runner.backends.tpu_vm import TpuVmBackend
         from runner.plan.planner import Problems, plan_cloud
@@ -190,6 +190,10 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
         rows.insert(1, ("error", one_line(tail[-1]) + "  (its output is above)"))
     rows += end_rows(record, state, snapshot)
     print_rows(rows, title=f"Run {record.run_id}")
+    if record.still_billing:  # whatever the job did: a node that may still bill is the one thing to act on now
+        from runner.errors import BackendError
+
+        raise BackendError(f"run {record.run_id} ended {state}, but {record.still_billing}")
     if state == RunState.SUCCEEDED:
         return
     if tail and not shown:

@@ -47,6 +47,8 @@ class RunRecord(BaseModel):
     finished_at: float | None = None
     handle: dict[str, Any] = Field(default_factory=dict)
     reason: str | None = None  # why a run ended as it did, when the runner decided it (a deadline, a silent VM)
+    # What may still bill, and how to delete it, when a deletion failed or was not confirmed; None once it is gone.
+    still_billing: str | None = None
 
     def updated(self, **changes: Any) -> RunRecord:
         return self.model_copy(update=changes)
@@ -57,7 +59,15 @@ def _path(run_id: str) -> Path:
 
 
 def save(record: RunRecord) -> RunRecord:
-    write_atomic(_path(record.run_id), record.model_dump_json(indent=1).encode())
+    """Write the record; StorageError (exit 4) when this machine's disk refuses it (full, read-only)."""
+    path = _path(record.run_id)
+    try:
+        write_atomic(path, record.model_dump_json(indent=1).encode())
+    except OSError as exc:
+        raise StorageError(
+            f"cannot save the run record {path}: {exc.strerror or exc}",
+            hint="free some space on that disk, or point $RUNNER_HOME at another one",
+        ) from None
     return record
 
 

@@ -64,7 +64,18 @@ MAYBE_NUMBER: Schema = {"type": ["number", "null"]}
 MAYBE_STRING: Schema = {"type": ["string", "null"]}
 STRINGS: Schema = {"type": "array", "items": STRING}
 ANY_OBJECT: Schema = {"type": "object"}
-STATES = ["pending", "provisioning", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "hung"]
+STATES = [
+    "pending",
+    "provisioning",
+    "starting",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
+    "hung",
+    "lost",
+]
 STATE: Schema = {"type": "string", "enum": [*STATES, "?"]}
 
 COST: Schema = {
@@ -124,6 +135,7 @@ STATUS: Schema = _object(
         "exits": {"type": "array", "items": EXIT},
         "artifacts": {"type": "object", "additionalProperties": STRING},
         "cost": COST,
+        "still_billing": MAYBE_STRING,
         "startup": STARTUP,
         "warnings": STRINGS,
     }
@@ -145,6 +157,7 @@ LIST: Schema = _object(
                     "last_metrics": METRICS_LINE,
                     "cost": COST,
                     "cost_cell": STRING,
+                    "still_billing": MAYBE_STRING,
                 }
             ),
         },
