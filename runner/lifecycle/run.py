@@ -26,7 +26,6 @@ alive: an event that cannot be written waits for the next write, a run directory
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +47,6 @@ from runner.watch.follow import Sight, follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
-
-log = logging.getLogger(__name__)
 
 # Before a machine is recreated its predecessor must be gone; a real TPU VM takes a minute or two to delete.
 REPLACE_WAIT_S = 600.0
@@ -124,7 +121,7 @@ class Run:
         self.storage = open_storage(plan.run_dir, patience_s=timings.storage_patience_s)
         self.record = start_record(plan, self.storage)
         self.sight = Sight(say, self.poll_s)
-        self.storage_trouble: StorageError | None = None  # the last failed write, said once, reported at the end
+        self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
         self.events = EventLog(self.storage, "runner", on_error=self._storage_failed)
         self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
         self.seen: set[tuple[float, str, str]] = set()
