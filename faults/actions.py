@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable
+from typing import Any, Literal
 
 from faults.context import Ctx
 from faults.scenario import PROJECT, ZONES, Hook, Train
@@ -196,8 +199,9 @@ def vm_finishes_alone(ctx: Ctx) -> None:
         ctx.problem("the VM did not finish and delete its node on its own")
 
 
-def runner_down(ctx: Ctx) -> None:
-    """After: `runner down RUN` from another shell, as a user whose runner died would."""
+def runner_down(ctx: Ctx, expect_exit: int = 0) -> None:
+    """After: `runner down RUN` from another shell, as a user whose runner died would. Notes how long it took, its
+    exit code (a problem unless `expect_exit`) and how soon its DELETE came."""
     if ctx.run_id is None:
         ctx.problem("no run record: nothing to bring down")
         return
@@ -206,10 +210,77 @@ def runner_down(ctx: Ctx) -> None:
     done = ctx.cli("down", ctx.run_id)
     ctx.numbers["down_s"] = round(time.time() - t0, 2)
     ctx.numbers["down_exit"] = done.returncode
+    deletes = [r.time - t0 for r in ctx.emulator.requests if r.method == "DELETE" and r.status < 300 and r.time >= t0]
+    ctx.numbers["down_delete_after_s"] = round(deletes[0], 2) if deletes else None
+    said = (done.stdout + done.stderr).strip().splitlines()
+    ctx.numbers["down_output"] = said
     ctx.note(f"`runner down` found the node {', '.join(states) or 'gone'}; exit {done.returncode} after "
-             f"{ctx.numbers['down_s']}s: {done.stdout.strip().splitlines()[-1:] or done.stderr.strip()}")  # fmt: skip
-    if done.returncode != 0:
-        ctx.problem(f"`runner down` exited {done.returncode}: {done.stderr.strip()[-300:]}")
+             f"{ctx.numbers['down_s']}s, its DELETE {'never sent' if not deletes else f'after {deletes[0]:.1f}s'}: "
+             f"{said[-2:]}")  # fmt: skip
+    if done.returncode != expect_exit:
+        ctx.problem(f"`runner down` exited {done.returncode}, expected {expect_exit}: {' | '.join(said[-3:])}")
+
+
+def down_with_storage(trouble: Literal["reset", "blackhole", "bucket gone"]) -> Hook:
+    """After: Cloud Storage out of reach (every connection reset, or black-holed, through the case's proxy; or the
+    run directory's bucket deleted), then `runner down RUN`: it must delete from the run record alone, then say
+    that the run directory could not be updated (exit 4)."""
+
+    def after(ctx: Ctx) -> None:
+        if trouble == "bucket gone":
+            delete_bucket(ctx)
+        else:
+            assert ctx.proxy is not None
+            ctx.proxy.outage(trouble)
+        try:
+            runner_down(ctx, expect_exit=4)
+        finally:
+            if ctx.proxy is not None:
+                ctx.proxy.heal()
+
+    return after
+
+
+# -- Cloud Storage out of reach ---------------------------------------------------------------------------------
+
+
+def outage_after(what: str, ready: Callable[[Ctx], bool], mode: Literal["reset", "blackhole"], seconds: float) -> Hook:
+    """During: once `ready`, nothing that goes through the case's proxy (the VM and the runner) reaches Cloud
+    Storage for `seconds`."""
+
+    def during(ctx: Ctx) -> None:
+        assert ctx.proxy is not None
+        if ctx.wait_for(lambda: ready(ctx) or None, timeout=ctx.case.timeout_s) is None:
+            ctx.problem(f"never saw {what}: no outage")
+            return
+        ctx.proxy.outage(mode, seconds=seconds)
+        ctx.numbers["outage"] = {"mode": mode, "at": time.time(), "seconds": seconds}
+        ctx.note(f"Cloud Storage {'black-holed' if mode == 'blackhole' else 'resetting'} for {seconds:.0f}s, from "
+                 f"{what}")  # fmt: skip
+
+    return during
+
+
+def delete_bucket(ctx: Ctx) -> None:
+    """The run directory's bucket, deleted with everything in it (Scenario.own_bucket: never the shared one)."""
+    from google.cloud import storage  # type: ignore[attr-defined]
+
+    assert ctx.case.own_bucket and ctx.run_dir is not None
+    name = ctx.run_dir.removeprefix("gs://").split("/", 1)[0]
+    bucket = storage.Client().bucket(name)
+    for blob in list(bucket.list_blobs()):
+        blob.delete()
+    bucket.delete()
+    ctx.numbers["bucket_deleted_at"] = time.time()
+    ctx.note(f"deleted bucket {name} (the run directory's)")
+
+
+def delete_bucket_while_creating(ctx: Ctx) -> None:
+    """During: the run directory's bucket is deleted while the node is CREATING."""
+    if ctx.wait_for(lambda: node_creating(ctx) or None, timeout=ctx.case.timeout_s, interval=0.1) is None:
+        ctx.problem("the node was never CREATING: the bucket was not deleted")
+        return
+    delete_bucket(ctx)
 
 
 # -- runner gc ----------------------------------------------------------------------------------------------------
@@ -238,3 +309,77 @@ def gc_with_one_denied_delete(ctx: Ctx, zone: str = ZONES[0]) -> None:
     swept = ctx.cli("gc", "--project", PROJECT, "--zone", zone)
     ctx.numbers["gc_exit"] = swept.returncode
     ctx.numbers["gc_output"] = (swept.stdout + swept.stderr).strip().splitlines()
+
+
+def plant_orphan_per_zone(zones: tuple[str, ...]) -> Hook:
+    """Setup: one runner-labelled node of a run long over in each of `zones`."""
+
+    def setup(ctx: Ctx) -> None:
+        names = {}
+        for i, zone in enumerate(zones):
+            node = ctx.emulator.create_node_direct(
+                PROJECT, zone, f"orphan-{i}", labels={**ORPHAN_LABELS, "tpu-runner-run": f"old-run-{i}"}
+            )
+            names[node.node_id] = zone
+        ctx.numbers["orphans"] = names
+
+    return setup
+
+
+def gc_with_zone_refused(zones: tuple[str, ...], refused: str, status: int = 403) -> Hook:
+    """After: every listing in `refused` is answered `status` (a zone the project may not use), then `runner gc`
+    sweeps `zones`."""
+
+    def after(ctx: Ctx) -> None:
+        message = (
+            f"Permission 'tpu.nodes.list' denied on 'projects/{PROJECT}/locations/{refused}' (or it may not exist)"
+        )
+        fault = ctx.emulator.http_errors(status, None, method="GET", path=rf"/locations/{refused}/", message=message)
+        try:
+            swept = ctx.cli("gc", "--project", PROJECT, *(arg for zone in zones for arg in ("--zone", zone)))
+        finally:
+            ctx.emulator.faults.remove(fault.id)
+        ctx.numbers["gc_exit"] = swept.returncode
+        ctx.numbers["gc_output"] = (swept.stdout + swept.stderr).strip().splitlines()
+
+    return after
+
+
+# -- a node that cannot be deleted ------------------------------------------------------------------------------
+
+
+def billing_shown_then_down(ctx: Ctx) -> None:
+    """After: every delete was refused, so the node still bills. `runner status` (text and JSON) and `runner list`
+    must say so, naming the node and the command to retry; then the refusal is lifted and `runner down RUN`
+    deletes it. The three reads run at once: the node bills while they do."""
+    if ctx.run_id is None:
+        ctx.problem("no run record")
+        return
+    run_id = ctx.run_id
+    said: dict[str, Any] = {}
+
+    def read(key: str, *args: str) -> None:
+        said[key] = ctx.cli(*args)
+
+    reads = [
+        threading.Thread(target=read, args=("json", "status", run_id, "--json")),
+        threading.Thread(target=read, args=("text", "status", run_id)),
+        threading.Thread(target=read, args=("list", "list", "--json")),
+    ]
+    for t in reads:
+        t.start()
+    for t in reads:
+        t.join(120)
+    ctx.emulator.clear_faults("delete_fails")
+    runner_down(ctx)
+    try:
+        cost = json.loads(said["json"].stdout).get("cost") or {}
+        listed = next(r for r in json.loads(said["list"].stdout)["runs"] if r["run_id"] == run_id)
+    except (KeyError, ValueError, StopIteration) as exc:
+        ctx.problem(f"status or list could not be read: {exc!r}")
+        return
+    ctx.numbers["billing"] = {
+        "status_cost_open": cost.get("open"),
+        "list_cost_cell": listed.get("cost_cell"),
+        "status_text": said["text"].stdout.splitlines(),
+    }

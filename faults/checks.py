@@ -3,12 +3,13 @@ expected) and notes (what the table's notes say about the run). Factories take t
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from faults.context import Ctx
-from faults.measure import node_deletes, node_lifetimes
+from faults.measure import billed_spans, node_deletes, node_lifetimes
 from faults.result import RunResult
 from faults.scenario import Check, Train
 from runner import contract
@@ -355,3 +356,140 @@ def exit_record(ctx: Ctx, result: RunResult) -> None:
             f"exit/worker-{e.get('worker')}.json in the end: {e.get('state')}, exit {e.get('exit_code')}"
             + (f", {e.get('error')!r}" if e.get("error") else "")
         )
+
+
+# -- Cloud Storage out of reach, deletes refused, clocks off ----------------------------------------------------
+
+
+def nothing_deleted_early(ctx: Ctx, result: RunResult) -> None:
+    """Storage was out of reach while the job ran: no DELETE before the job's own end, the job's own exit record
+    (exit 0, not a SIGTERM's 143), and the runner said that it could not tell rather than judging."""
+    outage = ctx.numbers.get("outage")
+    if not outage:
+        result.problems.append("no outage was injected")
+        return
+    ends = [float(e["time"]) for e in ctx.events if e.get("event") == "container_exited"]
+    deletes = node_deletes(ctx.requests)
+    if not ends:
+        result.problems.append("the container never exited")
+    elif deletes and deletes[0][0] < ends[0]:
+        result.problems.append(f"DELETE by the {deletes[0][2]} {ends[0] - deletes[0][0]:.0f}s before the job ended")
+    codes = [e.get("exit_code") for e in ctx.exit_records]
+    if codes != [0]:
+        result.problems.append(f"exit records' codes {codes}, expected [0]: the job was stopped")
+    said = (ctx.home.parent / "runner.out").read_text(errors="replace")
+    lost = [line for line in said.splitlines() if "state is unknown" in line]
+    back = [line for line in said.splitlines() if "can be read again" in line]
+    if not lost or not back:
+        result.problems.append("the runner did not say that it lost sight of the run directory and found it again")
+    ended = f"{ends[0] - outage['at'] - outage['seconds']:.0f}s after the outage" if ends else "never"
+    result.notes.append(
+        f"{outage['mode']} {outage['seconds']:.0f}s; the job ended {ended}; the runner said: "
+        f"{lost[0].strip() if lost else '-'} / {back[0].strip() if back else '-'}"
+    )
+
+
+def down_deleted_first(ctx: Ctx, result: RunResult) -> None:
+    """`runner down` with the run directory out of reach: its DELETE within seconds, then the storage failure said."""
+    after = ctx.numbers.get("down_delete_after_s")
+    if after is None:
+        result.problems.append("`runner down` sent no DELETE")
+    elif after > 10.0:
+        result.problems.append(f"`runner down` sent its DELETE only {after:.1f}s after it started")
+    said = " ".join(ctx.numbers.get("down_output") or [])
+    if "gone" not in said:
+        result.problems.append("`runner down` did not confirm the node gone")
+    if "run directory" not in said:
+        result.problems.append("`runner down` did not say that the run directory could not be updated")
+
+
+def gc_swept_around_refused_zone(ctx: Ctx, result: RunResult) -> None:
+    """gc reported the zone it could not list (with the API's reason), swept the others, and exited 5."""
+    orphans: dict[str, str] = ctx.numbers.get("orphans") or {}
+    said: list[str] = ctx.numbers.get("gc_output") or []
+    refused = [line for line in said if "could not list" in line]
+    deleted = sorted(name for name in orphans if any(f"deleted node {name} " in f"{line} " for line in said))
+    left = sorted(n.node_id for n in ctx.others_nodes())
+    result.notes.append(f"gc exit {ctx.numbers.get('gc_exit')}; deleted {deleted}; left {left}; said {refused}")
+    if ctx.numbers.get("gc_exit") != 5:
+        result.problems.append(f"`runner gc` exited {ctx.numbers.get('gc_exit')}, expected 5")
+    if not refused or "denied" not in refused[0]:
+        result.problems.append("gc did not report the refused zone with the API's reason")
+    kept = sorted(name for name, zone in orphans.items() if any(zone in line for line in refused))
+    if deleted != sorted(set(orphans) - set(kept)) or left != kept:
+        result.problems.append(f"expected every orphan deleted but the refused zone's ({kept}); deleted {deleted}")
+
+
+def still_billing_shown(ctx: Ctx, result: RunResult) -> None:
+    """Every delete was refused: status and list say the node still bills, with the node and the retry command."""
+    billing = ctx.numbers.get("billing") or {}
+    text = "\n".join(billing.get("status_text") or [])
+    node = ctx.run_id or "?"
+    result.notes.append(
+        f"status cost open: {billing.get('status_cost_open')}; list cost: {billing.get('list_cost_cell')}; "
+        + "; ".join(line.strip() for line in billing.get("status_text") or [] if "bill" in line)
+    )
+    if billing.get("status_cost_open") is not True:
+        result.problems.append("`runner status --json` says the cost is closed while the node bills")
+    if not str(billing.get("list_cost_cell", "")).endswith("+"):
+        result.problems.append(f"`runner list` shows {billing.get('list_cost_cell')!r}, not a cost marked '+'")
+    if node not in text or "runner down" not in text:
+        result.problems.append("`runner status` does not name the node and `runner down` to retry")
+
+
+def cost_within(tolerance_s: float) -> Check:
+    """The READY seconds the run was charged for against the API's own timestamps (the truth), within tolerance."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        status = ctx.cli("status", ctx.run_id or "?", "--json")
+        try:
+            cost = json.loads(status.stdout)["cost"]
+            charged = float(cost["ready_seconds"])
+        except (KeyError, TypeError, ValueError):
+            result.problems.append(f"no cost in `runner status --json`: {status.stdout[-200:]}")
+            return
+        spans = [
+            (r, d)
+            for node in {n for _, n in node_lifetimes(ctx.requests)}
+            for r, d in billed_spans(ctx.operations, node)
+        ]
+        truth = sum((d - r) for r, d in spans if d is not None)
+        ctx.numbers["cost_seconds"] = {"charged": charged, "truth": round(truth, 3), "usd": cost.get("usd")}
+        result.notes.append(
+            f"charged {charged:.2f}s READY (${cost.get('usd', 0):.4f}); the API's timestamps say {truth:.2f}s"
+            + ("; still open" if cost.get("open") else "")
+        )
+        if any(d is None for _, d in spans) or not spans:
+            result.problems.append(f"the node's READY spans by the API: {spans}")
+        if abs(charged - truth) > tolerance_s or cost.get("open"):
+            result.problems.append(f"charged {charged:.2f}s, the truth is {truth:.2f}s (tolerance {tolerance_s}s)")
+
+    return check
+
+
+def log_upload_volume(expected_bytes: int, digest: str) -> Check:
+    """What the VM uploaded for its log, against the bytes the job wrote; `runner logs` gives back those bytes."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        import hashlib
+
+        assert ctx.proxy is not None
+        uploads = [
+            r
+            for r in ctx.proxy.requests
+            if r.method in ("POST", "PUT") and "logs/worker-0.log" in (r.object_name or r.path)
+        ]
+        sent = sum(r.size for r in uploads)
+        ctx.numbers["log_bytes_uploaded"] = sent
+        shown = ctx.cli("logs", ctx.run_id or "?")
+        got = hashlib.sha256(shown.stdout.encode()).hexdigest()
+        result.notes.append(
+            f"{sent / 1e6:.1f} MB uploaded for {expected_bytes / 1e6:.1f} MB of output, in {len(uploads)} requests; "
+            f"`runner logs` {'gives back the same bytes' if got == digest else 'DIFFERS'} ({len(shown.stdout)} bytes)"
+        )
+        if not expected_bytes <= sent <= 1.25 * expected_bytes:
+            result.problems.append(f"{sent} bytes uploaded for {expected_bytes} bytes of output")
+        if got != digest:
+            result.problems.append(f"`runner logs` printed {len(shown.stdout)} bytes that differ from the job's output")
+
+    return check

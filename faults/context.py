@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faults.measure import Attempt, Idle, Observed, Request
+from faults.measure import ApiOperation, Attempt, Idle, Observed, Request
 from runner.storage import Storage, open_storage
 from runner.train.checkpoints import Position, parse_name
 
@@ -51,12 +51,14 @@ class Ctx:
         self.observed: list[Observed] = []  # global steps seen in the bucket over time
         self.bootstrap_seen: dict[str, dict[tuple[float, str], dict[str, Any]]] = {}  # source -> events
         self.reference: dict[str, Any] | None = None  # the reference run's summary.json (Scenario.reference)
+        self.clock_skew_s = 0  # how far the case set the VMs' clocks off: their events are read back on the true one
         # Filled when the run is measured, for the checks:
         self.events: list[dict[str, Any]] = []
         self.exit_records: list[dict[str, Any]] = []
         self.attempts: list[Attempt] = []
         self.requests: list[Request] = []
         self.idle: list[Idle] = []
+        self.operations: list[ApiOperation] = []  # the TPU API's own, with its timestamps
         self.final_manifest: dict[str, Any] | None = None
         self._run_id: str | None = None
         self._storage: Storage | None = None

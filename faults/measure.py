@@ -205,6 +205,26 @@ class Request:
 
 
 @dataclass(frozen=True)
+class ApiOperation:
+    """One long-running operation as the TPU API lists it: its timestamps are the API's clock."""
+
+    verb: str  # create | delete | ...
+    target: str  # projects/P/locations/Z/nodes/N
+    start: float  # metadata.createTime
+    end: float | None  # metadata.endTime; None while it runs
+    failed: bool
+
+
+def billed_spans(operations: Iterable[ApiOperation], node: str) -> list[tuple[float, float | None]]:
+    """The truth a run's cost is held to: each READY span of `node` by the API's own clock, from the end of a create
+    that went through to the start of the first deletion after it that went through (None: not deleted)."""
+    ops = sorted(operations, key=lambda o: o.start)
+    ready = [o.end for o in ops if o.target == node and o.verb == "create" and not o.failed and o.end is not None]
+    deletes = [o.start for o in ops if o.target == node and o.verb == "delete" and not o.failed]
+    return [(r, next((d for d in deletes if d >= r), None)) for r in sorted(ready)]
+
+
+@dataclass(frozen=True)
 class Idle:
     """One VM's job end and the first accepted deletion of its node after it."""
 

@@ -26,6 +26,7 @@ class RunResult:
     steps_lost: list[StepsLost] | None = None  # one per restart of the trainer; None: the case trains nothing
     recovered: list[str] = field(default_factory=list)  # what each restart resumed from (and what it skipped)
     others_nodes: int = 0  # nodes left that are not this run's (another run's, planted by the case): never leaked
+    idle_goal: bool = True  # held to the idle goal (Scenario.idle_goal): the longest idle time counts only these
     numbers: dict[str, Any] = field(default_factory=dict)  # the case's own measurements (accuracies, delays ...)
     wall_s: float = 0.0
     run_id: str | None = None

@@ -90,7 +90,10 @@ class Scenario:
     gcs_faults: int = 0  # 503s the flaky proxy answers to the first uploads of each checkpoint object
     proxy: bool = False  # the VMs reach Cloud Storage through a FlakyProxy (ctx.proxy) even without gcs_faults
     runner_via_proxy: bool = False  # the runner too (its STORAGE_EMULATOR_HOST is the proxy)
+    own_bucket: bool = False  # the run directory in a bucket of its own (which the case may delete)
     reference: bool = False  # first run the same job without the fault, for the checks to compare with
+    # Held to the idle goal (IDLE_GOAL_S). Not where every delete is refused: the node idles until a person acts.
+    idle_goal: bool = True
 
     @property
     def trains(self) -> bool:

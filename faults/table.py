@@ -98,7 +98,7 @@ def render_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMN
 
 def longest_idle(results: Sequence[RunResult]) -> tuple[float, str] | None:
     best: tuple[float, str] | None = None
-    for r in results:
+    for r in (r for r in results if r.idle_goal):
         for kind, values in (("", r.idle_s), (" (preempted VM)", r.idle_preempted_s)):
             for v in values:
                 if v is not None and (best is None or v > best[0]):

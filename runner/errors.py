@@ -5,7 +5,9 @@
     ├── UsageError               exit 2   flags or arguments that do not fit together
     ├── PlanError                exit 2   the spec is valid but cannot run where it was sent (pre-flight)
     ├── RunNotFound              exit 3   no run record with that id
-    ├── StorageError             exit 4   reading or writing the run directory failed
+    ├── StorageError             exit 4   reading or writing the run directory (or this machine's run records) failed
+    │   ├── StorageUnreachable   exit 4   no answer, or only answers that pass (5xx, 429, timeouts): unknown, not gone
+    │   └── BucketMissing        exit 4   the run directory's bucket does not exist (any more): nothing more lands there
     ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
     │   ├── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
     │   ├── QuotaExceeded        exit 5   the project's quota is used up: no zone of that region helps
@@ -61,6 +63,15 @@ class RunNotFound(RunnerError):
 
 class StorageError(RunnerError):
     exit_code = 4
+
+
+class StorageUnreachable(StorageError):
+    """Cloud Storage did not answer, or only with errors that pass: what the run directory says is unknown for now.
+    Never evidence about the run itself."""
+
+
+class BucketMissing(StorageError):
+    """The run directory's bucket does not exist: a definite answer, and nothing the run writes can land there."""
 
 
 class BackendError(RunnerError):

@@ -29,7 +29,12 @@ class Timings:
     follow_gcs_s: float = 2.0  # reads of a run directory on Cloud Storage (each costs requests)
     machine_status_every_s: float = 10.0  # the backend's word on a machine, while following it
     sweep_poll_s: float = 2.0  # `runner gc`: between checks that orphans are gone
+    sweep_stale_heartbeat_s: float = 900.0  # `runner gc`: a job whose heartbeat was stored longer ago is gone
+    sweep_startup_grace_s: float = 1200.0  # `runner gc`: a node this old with no heartbeat never ran its job
     worker_stale_s: float = 300.0  # a worker whose heartbeat has not changed for this long is lost
+    # One read or write of a run directory on Cloud Storage retries this long, then it is "unknown" (said, and tried
+    # again later): the runner's own deadlines and the API's word on a machine do not wait on storage.
+    storage_patience_s: float = 20.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:

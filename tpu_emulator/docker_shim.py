@@ -4,9 +4,10 @@ An emulated VM finds this first on its PATH (as `docker`, a two-line wrapper). `
 runs through runner.backends.container.plan_launch(prefer="process") - the one place that decides that - and then
 execs the launch's argv in place of itself, so the container's exit status is `docker run`'s and signals sent
 to `docker run` reach the container. The container gets the launch's environment (from -e and --env-file), the
-image's own basics (PATH with this interpreter first, HOME and TMPDIR of its own, PYTHONPATH), and the VM's
-STORAGE_EMULATOR_HOST: the VM's network reaches the storage emulator. Volumes, users, --privileged and the like
-are accepted and have no effect: there is no isolation to configure.
+image's own basics (PATH with this interpreter first, HOME and TMPDIR of its own, PYTHONPATH), the VM's
+STORAGE_EMULATOR_HOST (the VM's network reaches the storage emulator) and, on a VM whose clock is off (the
+clock_skew fault), that clock: its skew, and the sitecustomize that applies it to time.time(). Volumes, users,
+--privileged and the like are accepted and have no effect: there is no isolation to configure.
 
 On a multi-host node (and on every slice of a multislice) the container also gets what JAX's Cloud TPU cluster
 detection would find on the VM (`jax_cluster_env`), as the KERAS_DISTRIBUTION_* variables keras.distribution
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.imageref import ImageRef
-from tpu_emulator.vm import COORDINATOR, MARKER
+from tpu_emulator.vm import CLOCK_SKEW, COORDINATOR, MARKER, python_dir
 
 DETACHED_CHILD = "RUNNER_DOCKER_SHIM_DETACHED"
 SHIM_DIR = "RUNNER_DOCKER_SHIM_DIR"  # set by the wrapper: the directory the VM finds `docker` in
@@ -327,9 +328,11 @@ def run(args: list[str]) -> int:
     if os.environ.get("PYTHONPATH"):
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the image has the runner installed; here it is this tree
     final = {**base, **jax_cluster_env(), **launch.env}  # what the job's own environment says comes first
-    for key in ("STORAGE_EMULATOR_HOST", MARKER):
+    for key in ("STORAGE_EMULATOR_HOST", MARKER, CLOCK_SKEW):
         if key in os.environ:
             final[key] = os.environ[key]
+    if os.environ.get(CLOCK_SKEW) and shim_dir:  # the VM's clock is off: so is its containers' time.time()
+        final["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_dir(Path(shim_dir))), final.get("PYTHONPATH")]))
     drop = dropped_env(ref)
     if drop:
         gone = sorted(k for k in final if k != MARKER and any(fnmatch.fnmatchcase(k, p) for p in drop))

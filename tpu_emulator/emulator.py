@@ -344,6 +344,13 @@ class TpuEmulator:
         console logs say so."""
         return self._add("boot_hang", zone=zone, node=node, count=count)
 
+    def clock_skew(
+        self, seconds: int, *, zone: str | None = None, node: str | None = None, count: int | None = None
+    ) -> Fault:
+        """The VMs of nodes created in `zone` run with their clock `seconds` ahead (negative: behind): what their
+        startup-script, supervisor and job write carries that clock; the API's own timestamps do not."""
+        return self._add("clock_skew", seconds=seconds, zone=zone, node=node, count=count)
+
     def create_node_direct(
         self,
         project: str,
@@ -420,6 +427,26 @@ class TpuEmulator:
                 group.stop(self.vm_grace_s)
             else:
                 self.cloud.spawn(group.stop, self.vm_grace_s)
+        return name
+
+    def stop_node(self, node: str) -> str:
+        """READY -> STOPPING -> STOPPED, as `gcloud compute tpus tpu-vm stop` does: its VMs get SIGTERM, SIGKILL
+        after vm_grace_s, and it runs nothing. Returns the node's full name."""
+        with self.cloud.lock:
+            self.cloud.settle()
+            name = self._resolve(node)
+            group = self.cloud.stop(name)
+        if group is not None:
+            self.cloud.spawn(group.stop, self.vm_grace_s)
+        return name
+
+    def maintain(self, node: str, state: str = "REPAIRING", seconds: float = 5.0) -> str:
+        """The node shows `state` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...) for `seconds`, then READY again; its VMs go
+        on. Returns the node's full name."""
+        with self.cloud.lock:
+            self.cloud.settle()
+            name = self._resolve(node)
+            self.cloud.maintain(name, state, seconds)
         return name
 
     # -- dispatch -----------------------------------------------------------------------------------------------

@@ -243,11 +243,14 @@ def delete_failed(name: str, status: str | int, *, message: str | None = None, r
     """What a failed delete operation holds: the chosen status, an ErrorInfo naming the node, and for
     FAILED_PRECONDITION the google.rpc.PreconditionFailure that status calls for (google/rpc/code.proto)."""
     error = ApiError.of(status, "")
-    text = message or (
-        f"The node {name} cannot be deleted in its current state; retry later."
-        if error.status == "FAILED_PRECONDITION"
-        else f"An internal error has occurred while deleting {name}. {eid()}"
-    )
+    if message:
+        text = message
+    elif error.status == "FAILED_PRECONDITION":
+        text = f"The node {name} cannot be deleted in its current state; retry later."
+    elif error.status == "PERMISSION_DENIED":
+        text = f"Permission 'tpu.nodes.delete' denied on '{name}'"
+    else:
+        text = f"An internal error has occurred while deleting {name}. {eid()}"
     details = [error_info(reason or error.status, SERVICE, {"resource": name})]
     if error.status == "FAILED_PRECONDITION":
         violation = {"type": "STATE", "subject": name, "description": text}

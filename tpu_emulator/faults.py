@@ -31,6 +31,7 @@ Kind = Literal[
     "boot_hang",
     "drop_env",
     "queued_fails",
+    "clock_skew",
 ]
 KINDS: tuple[str, ...] = get_args(Kind)
 _FIELDS = (
@@ -52,7 +53,17 @@ _FIELDS = (
     "env",
 )
 # Kinds filtered by zone (None: every zone) and node id (an fnmatch pattern).
-_ZONED = ("stockout", "quota", "slow_create", "delete_fails", "slow_delete", "collision", "boot_hang", "queued_fails")
+_ZONED = (
+    "stockout",
+    "quota",
+    "slow_create",
+    "delete_fails",
+    "slow_delete",
+    "collision",
+    "boot_hang",
+    "queued_fails",
+    "clock_skew",
+)
 # The labels a collision's node carries by default: another run's, as the runner labels its nodes.
 OTHER_RUN_LABELS = {"managed-by": "tpu-runner", "tpu-runner-run": "another-run"}
 
@@ -73,7 +84,8 @@ class Fault:
     status: int | str | None = None  # http: the HTTP status (503); delete_fails, queued_fails: a status name or code
     method: str | None = None  # http, rate_limit: only requests with this method
     path: str | None = None  # http, rate_limit: only requests whose path matches this regular expression
-    seconds: float | None = None  # slow_create, slow_delete: how long CREATING/DELETING last; delete_fails: too
+    seconds: float | None = None  # slow_create, slow_delete: how long CREATING/DELETING last; delete_fails: too;
+    # clock_skew: how far the VMs' clocks are ahead (negative: behind), in whole seconds
     image: str = "*"  # missing_image, drop_env: image names (fnmatch pattern) it applies to
     labels: dict[str, str] | None = None  # collision: labels of the node that is there first
     env: tuple[str, ...] | None = None  # drop_env: names (fnmatch patterns) `docker run` leaves out of the container
@@ -119,9 +131,12 @@ def _check(fault: Fault) -> None:
             raise ValueError(f"status must be a gRPC code 1-16 or one of {', '.join(GRPC_CODE)}")
     elif fault.status is not None and fault.kind != "http":
         raise ValueError(f"status is for http, delete_fails and queued_fails faults, not {fault.kind}")
-    if fault.kind in ("slow_create", "slow_delete") and fault.seconds is None:
+    if fault.kind in ("slow_create", "slow_delete", "clock_skew") and fault.seconds is None:
         raise ValueError(f"a {fault.kind} fault needs seconds")
-    if fault.seconds is not None and not (isinstance(fault.seconds, int | float) and fault.seconds >= 0):
+    if fault.kind == "clock_skew":
+        if isinstance(fault.seconds, bool) or not isinstance(fault.seconds, int | float) or fault.seconds % 1:
+            raise ValueError("a clock_skew fault's seconds must be a whole number (negative: the clock is behind)")
+    elif fault.seconds is not None and not (isinstance(fault.seconds, int | float) and fault.seconds >= 0):
         raise ValueError("seconds must be a number >= 0")
     if fault.labels is not None and not (
         isinstance(fault.labels, dict) and all(isinstance(v, str) for v in fault.labels.values())

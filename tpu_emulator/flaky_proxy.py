@@ -8,28 +8,35 @@ emulator's `gcs_endpoint`, so that only the emulated VMs talk through it):
         proxy.fail_uploads(r"/checkpoints/", 2, per_object=True)  # ... or to the first 2 of each checkpoint
         proxy.fail_requests(r"/o/.*/exit/", 1, method="GET")      # 503 to the next read of an exit record
         proxy.slow_answers(r"prefix=[^&]*/exit/", 3.0)            # listings of exit/ answered 3 s late
+        proxy.outage("blackhole", seconds=150)                      # nothing answered for 150 s (a black hole)
+        proxy.outage("reset")                                       # every connection reset, until heal()
         emulator = TpuEmulator(workdir=..., gcs_endpoint=proxy.url)
 
 An upload is a POST or PUT under /upload/storage/v1/; its object name comes from the `name` query parameter
 (simple and resumable uploads) or from the JSON metadata part of a multipart upload (what google-cloud-storage
 sends for small files). A resumable session's later PUTs carry no name: they are matched by the session they
-belong to. `fail_requests` fails any request, by method and path; `slow_answers` holds answers back. Everything
-else is forwarded unchanged, Location headers rewritten so that a client stays on the proxy. Every request is
-recorded (time, method, path, object name, status, whether it was injected).
+belong to. `fail_requests` fails any request, by method and path; `slow_answers` holds answers back; `outage` makes
+Cloud Storage unreachable: a black hole holds every request without an answer (the client waits for its own
+timeout), a reset closes each connection at once; `heal` ends every outage. Everything else is forwarded unchanged,
+Location headers rewritten so that a client stays on the proxy. Every request is recorded (time, method, path,
+object name, bytes sent, status, whether it was injected; status 0 for a request that got no answer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
+import socket
+import struct
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _HOP_BY_HOP = {
@@ -53,8 +60,9 @@ class ProxiedRequest:
     method: str
     path: str
     object_name: str | None  # the object an upload writes; None for anything else
-    status: int
+    status: int  # 0: no answer (an outage)
     injected: bool
+    size: int = 0  # bytes of the request's body: what a client sent to Cloud Storage
 
 
 @dataclass
@@ -106,6 +114,21 @@ class Latency:
 
     def matches(self, method: str, target: str) -> bool:
         return _request_matches(self.pattern, self.method, method, target)
+
+
+@dataclass
+class Outage:
+    """Cloud Storage unreachable for requests matching `pattern` (as for fail_requests): `blackhole` holds them
+    without an answer until the outage ends (then drops the connection), `reset` resets each connection at once."""
+
+    mode: Literal["blackhole", "reset"]
+    pattern: str = ".*"
+    until: float | None = None  # time.monotonic() at which it ends by itself; None: until heal()
+    method: str | None = None
+    hits: int = 0
+
+    def active(self, now: float) -> bool:
+        return self.until is None or now < self.until
 
 
 def _request_matches(pattern: str, wanted_method: str | None, method: str, target: str) -> bool:
@@ -169,6 +192,8 @@ class FlakyProxy:
         self._faults: list[UploadFault] = []
         self._request_faults: list[RequestFault] = []
         self._latencies: list[Latency] = []
+        self._outages: list[Outage] = []
+        self._healed = threading.Event()
         self._sessions: dict[str, str] = {}  # resumable upload_id -> object name
         self._requests: list[ProxiedRequest] = []
         self._server = _Server((host, port), self._handler_class())
@@ -189,6 +214,7 @@ class FlakyProxy:
         return self
 
     def stop(self) -> None:
+        self.heal()  # nothing held in a black hole keeps a handler thread (and the shutdown) waiting
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(5)
@@ -231,6 +257,47 @@ class FlakyProxy:
         with self._lock:
             self._latencies.append(latency)
         return latency
+
+    def outage(
+        self,
+        mode: Literal["blackhole", "reset"],
+        *,
+        seconds: float | None = None,
+        pattern: str = ".*",
+        method: str | None = None,
+    ) -> Outage:
+        """From now on, for `seconds` (None: until `heal`), requests matching `pattern` reach nothing: a black hole
+        (`blackhole`: no answer, the connection dropped when the outage ends) or a connection reset (`reset`)."""
+        _checked(pattern)
+        if mode not in ("blackhole", "reset"):
+            raise ValueError("mode must be 'blackhole' or 'reset'")
+        until = None if seconds is None else time.monotonic() + float(seconds)
+        outage = Outage(mode, pattern, until, method)
+        with self._lock:
+            self._healed.clear()
+            self._outages.append(outage)
+        return outage
+
+    def heal(self) -> None:
+        """End every outage now; requests held in a black hole lose their connection."""
+        with self._lock:
+            self._outages.clear()
+            self._healed.set()
+
+    def _outage(self, method: str, target: str) -> Outage | None:
+        now = time.monotonic()
+        with self._lock:
+            self._outages = [o for o in self._outages if o.active(now)]
+            for outage in self._outages:
+                if _request_matches(outage.pattern, outage.method, method, target):
+                    outage.hits += 1
+                    return outage
+        return None
+
+    def _hold(self, outage: Outage) -> None:
+        """A black hole: nothing comes back until the outage ends (or the proxy stops)."""
+        wait = None if outage.until is None else max(0.0, outage.until - time.monotonic())
+        self._healed.wait(wait)
 
     def _latency(self, method: str, target: str) -> float:
         with self._lock:
@@ -328,6 +395,16 @@ class FlakyProxy:
                 body = self._read_body()
                 headers = dict(self.headers.items())
                 name = proxy._name_of(self.command, self.path, body, self.headers.get("Content-Type", ""))
+                outage = proxy._outage(self.command, self.path)
+                if outage is not None:
+                    proxy._record(ProxiedRequest(arrived, self.command, self.path, name, 0, True, len(body)))
+                    if outage.mode == "blackhole":
+                        proxy._hold(outage)
+                    # No answer: a linger of 0 makes the close a reset (RST), as from a dead middlebox.
+                    with contextlib.suppress(OSError):
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    return
                 fault = proxy._take(self.command, self.path, name)
                 if fault is not None:
                     payload = json.dumps(
@@ -339,20 +416,20 @@ class FlakyProxy:
                             }
                         }
                     ).encode()
-                    proxy._record(ProxiedRequest(arrived, self.command, self.path, name, fault.status, True))
+                    proxy._record(ProxiedRequest(arrived, self.command, self.path, name, fault.status, True, len(body)))
                     self._answer(fault.status, [("Content-Type", "application/json")], payload)
                     return
                 try:
                     status, up_headers, data = proxy._forward(self.command, self.path, headers, body)
                 except OSError as exc:
                     payload = json.dumps({"error": {"code": 502, "message": f"upstream unreachable: {exc}"}}).encode()
-                    proxy._record(ProxiedRequest(arrived, self.command, self.path, name, 502, False))
+                    proxy._record(ProxiedRequest(arrived, self.command, self.path, name, 502, False, len(body)))
                     self._answer(502, [("Content-Type", "application/json")], payload)
                     return
                 if (hold := proxy._latency(self.command, self.path)) > 0:
                     time.sleep(hold)
                 proxy._remember_session(name, up_headers)
-                proxy._record(ProxiedRequest(arrived, self.command, self.path, name, status, False))
+                proxy._record(ProxiedRequest(arrived, self.command, self.path, name, status, False, len(body)))
                 kept = [
                     (k, proxy._rewrite_location(v) if k.lower() == "location" else v)
                     for k, v in up_headers

@@ -2,6 +2,8 @@
 are in tpu_emulator.queued).
 
 Nodes:  CREATING --create delay--> READY (VMs boot)          --preempt--> PREEMPTED (stays until deleted)
+        READY --stop--> STOPPING (VMs stopped) --delete delay--> STOPPED (stays until deleted)
+        READY --maintain--> REPAIRING, HIDDEN, UNKNOWN ... (VMs go on) --seconds--> READY
         CREATING --create delay--> gone, operation failed    (stockout, or a quota fault reported in the operation)
         any --delete--> DELETING --VMs stopped, delete delay--> gone
         READY --delete (delete_fails fault)--> DELETING --delete delay--> READY again, VMs never stopped,
@@ -179,6 +181,8 @@ class Cloud:
         if stockout is not None:
             failure = errors.stockout(zone, accel.name, message=stockout.message, reason=stockout.reason).rpc_status()
         hang = failure is None and self.faults.take("boot_hang", zone=zone, node=node_id) is not None
+        skew = self.faults.take("clock_skew", zone=zone, node=node_id)
+        node.clock_skew_s = int(skew.seconds or 0) if skew is not None else 0
         delay = slow.seconds if slow is not None and slow.seconds is not None else self.create_delay_s
         self.agenda.at(delay, lambda: self._finish_create(node, op, failure, hang), wake=True)
         return op
@@ -207,7 +211,13 @@ class Cloud:
                 self.launcher.hang(node.project, node.zone, node.node_id, node.accel.hosts, script is not None)
             else:
                 node.vms = self.launcher.boot(
-                    node.project, node.zone, node.node_id, node.accel.hosts, script, self._coordinator(node)
+                    node.project,
+                    node.zone,
+                    node.node_id,
+                    node.accel.hosts,
+                    script,
+                    self._coordinator(node),
+                    clock_skew_s=node.clock_skew_s,
                 )
         except OSError as exc:
             print(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}", flush=True)
@@ -339,6 +349,39 @@ class Cloud:
                 qr_name = node.queued_resource
                 self.agenda.at(self.delete_delay_s, lambda: self._service_delete(qr_name), wake=True)
             return group
+
+    def stop(self, name: str) -> VmGroup | None:
+        """READY -> STOPPING -> STOPPED (after delete_delay_s), as `gcloud compute tpus tpu-vm stop` leaves a node:
+        its VMs shut down (the caller stops them, as for a preemption) and it runs nothing until started again."""
+        with self.lock:
+            node = self.get_node(name)
+            if node.state != "READY":
+                raise ApiError("FAILED_PRECONDITION", f"{name} is {node.state}: only a READY node can be stopped")
+            node.state, node.health = "STOPPING", None
+            group, node.vms = node.vms, None
+            node.preempted_vms = group  # a deletion waits for them to be gone (VmGroup.stop is shared)
+
+            def stopped() -> None:
+                if self.nodes.get(node.name) is node and node.state == "STOPPING":
+                    node.state = "STOPPED"
+
+            self.agenda.at(self.delete_delay_s, stopped, wake=True)
+            return group
+
+    def maintain(self, name: str, state: str, seconds: float) -> None:
+        """A state the service gives a READY node for `seconds` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...), then READY
+        again; its VMs go on. What a follower can only show: the node says it is not simply READY."""
+        with self.lock:
+            node = self.get_node(name)
+            if node.state != "READY":
+                raise ApiError("FAILED_PRECONDITION", f"{name} is {node.state}: maintenance needs a READY node")
+            node.state = state
+
+            def back() -> None:
+                if self.nodes.get(node.name) is node and node.state == state:
+                    node.state = "READY"
+
+            self.agenda.at(seconds, back, wake=True)
 
     def _service_delete(self, qr_name: str) -> None:
         qr = self.queued.items.get(qr_name)

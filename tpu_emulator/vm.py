@@ -27,6 +27,22 @@ from pathlib import Path
 from runner.backends import container
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
+# Seconds a VM's clock is off (the clock_skew fault): its `date` (a shim first on its PATH) and its Python's
+# time.time() (a sitecustomize the docker shim puts on the container's PYTHONPATH) read the real clock plus this.
+# The API's own timestamps (node createTime, operations) stay on the emulator's clock, as Google's do.
+CLOCK_SKEW = "RUNNER_EMULATOR_CLOCK_SKEW_S"
+_SITECUSTOMIZE = f'''"""Python on an emulated TPU VM whose clock is off (tpu_emulator, the clock_skew fault):
+time.time() is the real clock plus ${CLOCK_SKEW} seconds, as on a VM whose clock has drifted."""
+
+import os
+import time
+
+_skew = int(os.environ.get("{CLOCK_SKEW}") or 0)
+if _skew:
+    _real, _real_ns = time.time, time.time_ns
+    time.time = lambda: _real() + _skew
+    time.time_ns = lambda: _real_ns() + _skew * 1_000_000_000
+'''
 # host:port where process 0 of a multi-host slice (or of every slice of a multislice) serves JAX's distributed
 # coordinator: on a real TPU VM JAX finds it from the metadata server (worker 0's address, port 8482), but only when
 # the VM has TPU chips; every emulated VM is this machine, so the emulator reserves a free local port instead.
@@ -36,18 +52,12 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that hol
 
 def marked_pids(prefix: str) -> list[int]:
     """Live processes whose environment has MARKER=<a value starting with prefix> (Linux /proc; else [])."""
-    needle = f"{MARKER}={prefix}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            data = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if any(item.startswith(needle) for item in data.split(b"\0")):
-            pid = int(entry.name)
-            if pid != os.getpid() and container.process_alive(pid):
-                found.append(pid)
-    return found
+    return container.marked_pids(MARKER, prefix)
+
+
+def python_dir(shim_dir: Path) -> Path:
+    """Beside the shims: the sitecustomize that gives a skewed VM's Python its clock (CLOCK_SKEW)."""
+    return shim_dir.parent / "python"
 
 
 def _signal_all(pgids: list[int], pids: list[int], sig: signal.Signals) -> None:
@@ -154,6 +164,11 @@ class VmLauncher:
     def shim_dir(self) -> Path:
         return self.workdir / ".emulator" / "bin"
 
+    @property
+    def python_dir(self) -> Path:
+        """Put first on a skewed VM's containers' PYTHONPATH (docker_shim): its sitecustomize skews time.time()."""
+        return python_dir(self.shim_dir)
+
     def install_shim(self) -> None:
         """The `docker` executable the VMs find first on their PATH."""
         self.shim_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +181,19 @@ class VmLauncher:
             f'exec {shlex.quote(sys.executable)} -m tpu_emulator.docker_shim "$@"\n'
         )
         script.chmod(0o755)
+        real_date = shutil.which("date", path=os.environ.get("PATH", os.defpath)) or "/bin/date"
+        date = self.shim_dir / "date"
+        date.write_text(
+            "#!/bin/sh\n"
+            f"# date on an emulated TPU VM: the real clock, ${CLOCK_SKEW} seconds off (the clock_skew fault)\n"
+            'case " $* " in *" -d"* | *" --date"* | *" -r"* | *" --reference"* | *" -s"* | *" --set"*)\n'
+            f'  exec {shlex.quote(real_date)} "$@" ;;\n'
+            "esac\n"
+            f'exec {shlex.quote(real_date)} -d "${{{CLOCK_SKEW}:-0}} seconds" "$@"\n'
+        )
+        date.chmod(0o755)
+        self.python_dir.mkdir(parents=True, exist_ok=True)
+        (self.python_dir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
 
     def vm_dir(self, project: str, zone: str, node_id: str, worker: int) -> Path:
         return self.workdir / project / zone / node_id / f"worker-{worker}"
@@ -175,7 +203,14 @@ class VmLauncher:
         return f"t1v-n-{digest}-w-{worker}"
 
     def vm_env(
-        self, project: str, zone: str, node_id: str, worker: int, marker: str, coordinator: str | None = None
+        self,
+        project: str,
+        zone: str,
+        node_id: str,
+        worker: int,
+        marker: str,
+        coordinator: str | None = None,
+        clock_skew_s: int = 0,
     ) -> dict[str, str]:
         """The environment of a TPU VM's startup-script: the contract bootstrap scripts rely on."""
         return self._env(
@@ -184,10 +219,17 @@ class VmLauncher:
             f"{self.endpoint}/_vm/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1",
             marker,
             coordinator,
+            clock_skew_s,
         )
 
     def _env(
-        self, directory: Path, hostname: str, metadata_url: str, marker: str, coordinator: str | None
+        self,
+        directory: Path,
+        hostname: str,
+        metadata_url: str,
+        marker: str,
+        coordinator: str | None,
+        clock_skew_s: int = 0,
     ) -> dict[str, str]:
         user = os.environ.get("USER") or getpass.getuser()
         env = {
@@ -210,13 +252,24 @@ class VmLauncher:
             env["STORAGE_EMULATOR_HOST"] = self.gcs_endpoint
         if coordinator:
             env[COORDINATOR] = coordinator
+        if clock_skew_s:
+            env[CLOCK_SKEW] = str(int(clock_skew_s))
         return env
 
     def boot(
-        self, project: str, zone: str, node_id: str, hosts: int, script: str | None, coordinator: str | None = None
+        self,
+        project: str,
+        zone: str,
+        node_id: str,
+        hosts: int,
+        script: str | None,
+        coordinator: str | None = None,
+        *,
+        clock_skew_s: int = 0,
     ) -> VmGroup | None:
         """Start the startup-script on every worker; None when the node has none (nothing runs). `coordinator`:
-        the JAX coordinator address of a multi-host node's cluster (COORDINATOR)."""
+        the JAX coordinator address of a multi-host node's cluster (COORDINATOR); `clock_skew_s`: how far the VMs'
+        clocks are off (CLOCK_SKEW)."""
         if script is None:
             return None
         boot = next(self._boots)
@@ -225,7 +278,7 @@ class VmLauncher:
         processes = []
         for worker in range(hosts):
             directory = self.vm_dir(project, zone, node_id, worker)
-            env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}", coordinator)
+            env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}", coordinator, clock_skew_s)
             header = f"{name} worker {worker} of {hosts}: running startup-script"
             processes.append(self._start(worker, directory, env, script, header))
         return self._keep(VmGroup(name, prefix, processes))

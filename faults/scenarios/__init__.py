@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from faults.scenario import Scenario
-from faults.scenarios import api_errors, capacity, deadlines, preemption, runner_death, storage, teardown
+from faults.scenarios import api_errors, capacity, clocks, deadlines, preemption, runner_death, storage, teardown
 
 CASES: tuple[Scenario, ...] = (
     *preemption.CASES,
@@ -13,6 +13,7 @@ CASES: tuple[Scenario, ...] = (
     *storage.CASES,
     *deadlines.CASES,
     *teardown.CASES,
+    *clocks.CASES,
 )
 
 

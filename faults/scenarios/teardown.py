@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from faults import actions, checks
-from faults.scenario import Command, Scenario
+from faults.scenario import THIRD_ZONE, ZONES, Command, Scenario
+
+_GC_ZONES = (*ZONES, THIRD_ZONE)
 
 CASES = (
     Scenario(
@@ -42,6 +44,30 @@ CASES = (
         setup=(actions.plant_orphans(3),),
         after=(actions.gc_with_one_denied_delete,),
         checks=(checks.gc_reported_each,),
+        fast=True,
+    ),
+    # Every delete operation fails PERMISSION_DENIED (the VM's own and the runner's): the node bills on, and the run
+    # must say so until `runner down` (the refusal lifted) deletes it.
+    Scenario(
+        "delete-denied",
+        "every delete fails PERMISSION_DENIED",
+        "succeeded",
+        5,
+        setup=(lambda ctx: ctx.emulator.delete_fails(status="PERMISSION_DENIED"),),
+        after=(actions.billing_shown_then_down,),
+        checks=(checks.still_billing_shown,),
+        fast=True,
+        idle_goal=False,  # the node idles until `runner down` once the refusal is lifted: a person's time
+    ),
+    # An orphan in each of three zones; listing the second zone is refused (403): the other two are swept.
+    Scenario(
+        "gc-zone-refused",
+        "`runner gc` with one zone of three refused (403)",
+        "succeeded",
+        0,
+        setup=(actions.plant_orphan_per_zone(_GC_ZONES),),
+        after=(actions.gc_with_zone_refused(_GC_ZONES, _GC_ZONES[1]),),
+        checks=(checks.gc_swept_around_refused_zone,),
         fast=True,
     ),
 )

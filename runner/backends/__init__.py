@@ -22,4 +22,4 @@ def backend_named(name: str, say: Callable[[str], None] = print, timings: Timing
         return TpuVmBackend(say=say, timings=timings or Timings.from_env())
     from runner.backends.local import LocalBackend
 
-    return LocalBackend()
+    return LocalBackend(say=say)

@@ -83,6 +83,24 @@ class Backend(ABC, Generic[H]):
         """Where to read what the machine did at boot, for a machine that never reported in."""
         return None
 
+    def observe(self, handle: H) -> tuple[MachineState, str | None]:
+        """status(), with the machine's own state as its provider names it (READY, REPAIRING, HIDDEN ...), for a
+        follower to show; None where there is nothing more to say."""
+        return self.status(handle), None
+
+    def ready_at(self, handle: H) -> float | None:
+        """When the machine provision() just returned became ready by the provider's own clock (a create operation's
+        end), where it says: a run bills from there. None where it does not."""
+        return None
+
+    def describe_handle(self, handle: H) -> str:
+        """What the handle names, in a few words ("TPU node NAME"), for messages."""
+        return "the machine"
+
+    def delete_hint(self, handle: H) -> str:
+        """How to delete by hand what the handle names, when the runner could not (after `runner down RUN`)."""
+        return "`runner gc` finds it"
+
 
 def handle_from(cls: type[T], data: dict[str, Any]) -> T:
     """A handle dataclass from a run record's dict: fields it does not know are ignored (a newer runner wrote

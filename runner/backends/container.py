@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Literal
 
 ENTRYPOINT = ["python", "-m", "runner.worker"]  # the image's ENTRYPOINT (docker/Dockerfile)
+# In the environment of every process of a local process run, with a value of its own: what a job started outside
+# its process group (setsid, a double fork: a daemon) still carries, so stopping the run finds it too.
+SESSION = "RUNNER_LOCAL_SESSION"
 CONTAINER_DATA_DIR = "/data"
 Mode = Literal["docker", "process"]
 
@@ -195,6 +198,49 @@ def stop_group(pgid: int, grace_s: float) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def marked_pids(variable: str, prefix: str) -> list[int]:
+    """Live processes whose environment has `variable`=<a value starting with `prefix`> (Linux /proc; else []).
+    A process inherits its parent's environment across setsid and double forks, so this finds what a process group
+    no longer holds."""
+    needle = f"{variable}={prefix}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            data = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(item.startswith(needle) for item in data.split(b"\0")):
+            pid = int(entry.name)
+            if pid != os.getpid() and process_alive(pid):
+                found.append(pid)
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def stop_marked(variable: str, value: str, grace_s: float) -> list[str]:
+    """SIGTERM every process still carrying `variable`=`value`, SIGKILL what is left after grace_s; returns what
+    there was ("PID: command line"), for the caller to say."""
+    pids = marked_pids(variable, value)
+    stopped = [f"{pid}: {_command_line(pid)[:80]}" for pid in pids]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = [pid for pid in pids if process_alive(pid)]
+        if not pids:
+            break
+    return stopped
 
 
 def stop_container(name: str, grace_s: float) -> None:

@@ -15,6 +15,7 @@ connects the JAX processes (jax.distributed; on the CPU over gloo, JAX's default
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -40,6 +41,7 @@ class LocalHandle:
     container_name: str
     output: str  # the supervisor's own stdout/stderr (before and around the job's log)
     others: list[list[int]] = field(default_factory=list)  # [pid, start ticks] of workers 1..N-1 (--workers N)
+    session: str | None = None  # container.SESSION's value in every process of this run (a process run)
 
     def processes(self) -> list[tuple[int, int | None]]:
         """(pid, start ticks) of every worker's process, worker 0's first; each leads its own process group."""
@@ -53,8 +55,9 @@ class LocalBackend(Backend[LocalHandle]):
     name = "local"
     ephemeral = True
 
-    def __init__(self, prefer: container.Mode | None = None) -> None:
+    def __init__(self, prefer: container.Mode | None = None, say: Callable[[str], None] = print) -> None:
         self.prefer = prefer
+        self.say = say
         self._launches: dict[str, container.Launch] = {}
         self.procs: dict[int, Any] = {}  # pid -> Popen, while this process is the parent
 
@@ -92,6 +95,9 @@ class LocalBackend(Backend[LocalHandle]):
         failed start stops the ones before it)."""
         launch = self.launch_for(plan)
         output = runner_home() / "runs" / f"{plan.run_id}.out"
+        session = f"{plan.run_id}:{secrets.token_hex(4)}" if launch.mode == "process" else None
+        if session is not None:
+            launch = replace(launch, env={**launch.env, container.SESSION: session})
         envs = worker_envs(plan.num_workers)
         started: list[Any] = []
         try:
@@ -109,7 +115,14 @@ class LocalBackend(Backend[LocalHandle]):
         first = started[0]
         others = [[proc.pid, container.start_ticks(proc.pid) or 0] for proc in started[1:]]
         handle = LocalHandle(
-            launch.mode, first.pid, first.pid, container.start_ticks(first.pid), launch.name, str(output), others
+            launch.mode,
+            first.pid,
+            first.pid,
+            container.start_ticks(first.pid),
+            launch.name,
+            str(output),
+            others,
+            session,
         )
         on_handle(handle)
         return handle
@@ -130,7 +143,9 @@ class LocalBackend(Backend[LocalHandle]):
         return MachineState.RUNNING if alive else MachineState.GONE
 
     def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them."""
+        """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them; then
+        whatever the job started outside those groups (a daemon: setsid, double forks), found by the session marker
+        every process of the run carries, and said."""
         if handle.mode == "docker":
             container.stop_container(handle.container_name, grace_s)
         for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
@@ -139,6 +154,13 @@ class LocalBackend(Backend[LocalHandle]):
             proc = self.procs.pop(pid, None)
             if proc is not None:
                 proc.wait()  # reap it: a stopped run leaves not even a zombie
+        if handle.session:
+            left = container.stop_marked(container.SESSION, handle.session, min(grace_s, 10.0))
+            if left:
+                self.say(
+                    f"stopped {len(left)} process(es) the job left running outside its process group "
+                    f"(daemons: setsid or a double fork): {'; '.join(left)}"
+                )
         return True
 
 

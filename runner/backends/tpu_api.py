@@ -16,10 +16,12 @@ operation with code 8 (RESOURCE_EXHAUSTED) and no quota detail is a stockout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -165,16 +167,62 @@ def default_retry(deadline_s: float = 120.0, initial_s: float = 1.0) -> Any:
     return retry.Retry(predicate=_transient, initial=initial_s, maximum=20.0, multiplier=2.0, timeout=deadline_s)
 
 
-def make_client() -> Any:
-    from google.cloud import tpu_v2
+class ApiClock:
+    """The API's own time: the Date header of its last answer, plus how long ago that came (this machine's
+    monotonic clock measures only the interval). Durations against the API's timestamps (a node's createTime,
+    an object's `updated` on Google's side) are then on one clock, whatever this machine's says."""
 
+    def __init__(self) -> None:
+        self._seen: tuple[float, float] | None = None  # (API time, time.monotonic() when it came)
+
+    def note(self, headers: Sequence[tuple[str, Any]]) -> None:
+        from email.utils import parsedate_to_datetime
+
+        for key, value in headers:
+            if key.lower() == "date":
+                with contextlib.suppress(TypeError, ValueError):  # a Date that is not one says no time
+                    self._seen = (parsedate_to_datetime(str(value)).timestamp(), time.monotonic())
+
+    def now(self) -> float | None:
+        """Now by the API's clock (to the second: a Date header's resolution); None before any answer had one."""
+        if self._seen is None:
+            return None
+        stamp, at = self._seen
+        return stamp + (time.monotonic() - at)
+
+
+def _clocked(clock: ApiClock) -> Any:
+    """google-cloud-tpu's REST interceptor (its documented hook on every answer) that hands the reads' headers to
+    `clock`."""
+    from google.cloud.tpu_v2.services.tpu.transports.rest import TpuRestInterceptor
+
+    class Clocked(TpuRestInterceptor):
+        def post_list_nodes_with_metadata(self, response: Any, metadata: Any) -> Any:
+            clock.note(metadata)
+            return response, metadata
+
+        def post_get_node_with_metadata(self, response: Any, metadata: Any) -> Any:
+            clock.note(metadata)
+            return response, metadata
+
+        def post_list_queued_resources_with_metadata(self, response: Any, metadata: Any) -> Any:
+            clock.note(metadata)
+            return response, metadata
+
+    return Clocked()
+
+
+def make_client(clock: ApiClock | None = None) -> Any:
+    from google.cloud import tpu_v2
+    from google.cloud.tpu_v2.services.tpu.transports.rest import TpuRestTransport
+
+    interceptor = _clocked(clock) if clock is not None else None
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 
-        return tpu_v2.TpuClient(
-            transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
-        )
+        transport = TpuRestTransport(host=endpoint, credentials=AnonymousCredentials(), interceptor=interceptor)
+        return tpu_v2.TpuClient(transport=transport)
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
@@ -186,7 +234,7 @@ def make_client() -> Any:
             hint="run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
             "to a service-account key)",
         ) from exc
-    return tpu_v2.TpuClient(transport="rest", credentials=credentials)
+    return tpu_v2.TpuClient(transport=TpuRestTransport(credentials=credentials, interceptor=interceptor))
 
 
 def explain(failure: ApiFailure, action: str, *, project: str, zone: str) -> BackendError:
@@ -259,6 +307,7 @@ class OperationState:
     done: bool
     failure: ApiFailure | None = None  # set when done with an error
     metadata: dict[str, Any] = field(default_factory=dict)
+    ended_at: float | None = None  # metadata.endTime: when it ended, by the API's clock (no VM's, no runner's)
 
 
 class TpuApi:
@@ -268,11 +317,12 @@ class TpuApi:
         self._client = client
         t = timings or Timings()
         self.retry = retry if retry is not None else default_retry(t.api_retry_deadline_s, t.api_retry_initial_s)
+        self.clock = ApiClock()  # the API's time, from the answers of the client made here (not an injected one)
 
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = make_client()
+            self._client = make_client(self.clock)
         return self._client
 
     def call(self, fn: Callable[..., T], action: str, *, project: str, zone: str, **kwargs: Any) -> T:
@@ -401,7 +451,7 @@ class TpuApi:
             request=operations_pb2.GetOperationRequest(name=name),
         )
         failure = failure_of_status(op.error) if op.done and op.HasField("error") else None
-        return OperationState(str(op.name), bool(op.done), failure)
+        return OperationState(str(op.name), bool(op.done), failure, ended_at=_end_time(op))
 
     def _list(self, fn: Callable[..., Any], what: str, project: str, zone: str) -> list[Any]:
         pages = self.call(
@@ -414,6 +464,19 @@ class TpuApi:
             if failure is None:
                 raise
             raise explain(failure, f"list {what} in {zone}", project=project, zone=zone) from exc
+
+
+def _end_time(op: Any) -> float | None:
+    """The operation's metadata.endTime (tpu.v2 OperationMetadata), as seconds since the epoch; None without one."""
+    from google.cloud import tpu_v2
+
+    if not op.HasField("metadata") or not op.metadata.type_url.endswith("/google.cloud.tpu.v2.OperationMetadata"):
+        return None
+    try:
+        meta = tpu_v2.OperationMetadata.deserialize(op.metadata.value)
+    except Exception:  # a metadata the client cannot decode is no answer about the time, not an error of the call
+        return None
+    return meta.end_time.timestamp() if meta.end_time else None
 
 
 def node_name(project: str, zone: str, node_id: str) -> str:

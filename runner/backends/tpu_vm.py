@@ -145,6 +145,7 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         self.backoff_s = timings.api_backoff_s
         self.delete_timeout_s = delete_timeout_s
         self.delete_retries = delete_retries
+        self._ready_at: dict[str, float | None] = {}  # node id -> its create operation's end (the API's clock)
 
     # -- plan -------------------------------------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class TpuVmBackend(Backend[TpuVmHandle]):
             self.discard(handle)
             raise
         try:
-            self._wait_ready(handle, operation, deadline=plan.deadline)
+            self._ready_at[node_id] = self._wait_ready(handle, operation, deadline=plan.deadline)
             return handle
         except BaseException:
             self.discard(handle)
@@ -310,17 +311,19 @@ class TpuVmBackend(Backend[TpuVmHandle]):
     def _ours(node: Any, handle: TpuVmHandle) -> bool:
         return owned(dict(node.labels), handle)
 
-    def _wait_ready(self, handle: TpuVmHandle, operation: str | None, *, deadline: float) -> None:
+    def _wait_ready(self, handle: TpuVmHandle, operation: str | None, *, deadline: float) -> float | None:
         """Until the create operation is done and the node READY, showing each state; polls every second at first,
         then every poll_s (a TPU VM takes a minute or more to create). The operation is read for its outcome (a
-        stockout or a refusal is only told there); the node for its state."""
+        stockout or a refusal is only told there); the node for its state. Returns when the node became READY by
+        the API's clock (the operation's end), when it says so: the start of what the run is billed for."""
         t0 = time.monotonic()
         last = None
         done = operation is None
+        ended_at: float | None = None
         while True:
             if not done and operation is not None:
                 op = self.api.get_operation(operation, project=handle.project, zone=handle.zone)
-                done = op.done
+                done, ended_at = op.done, op.ended_at
                 if op.failure is not None:
                     raise explain(
                         op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
@@ -331,7 +334,7 @@ class TpuVmBackend(Backend[TpuVmHandle]):
                 self.say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
             if state == "READY" or (done and node is None):
-                return  # created (a job short enough may already have deleted its node: the watch sees it end)
+                return ended_at  # created (a job short enough may already have deleted its node: the watch sees it)
             if state in ("PREEMPTED", "TERMINATED"):
                 # Taken back before the job could start: a preemption, which the runner retries like any other.
                 raise Preempted(
@@ -430,16 +433,30 @@ class TpuVmBackend(Backend[TpuVmHandle]):
         return handle_from(TpuVmHandle, data)
 
     def status(self, handle: TpuVmHandle) -> MachineState:
+        return self.observe(handle)[0]
+
+    def observe(self, handle: TpuVmHandle) -> tuple[MachineState, str | None]:
         if handle.queued_resource:
             from runner.backends import queued
 
             where = dict(project=handle.project, zone=handle.zone)
-            return queued.queued_state(self.api.get_queued_resource(queued.queued_name(handle), **where))
-        state = machine_state(self.api.get_node(handle.project, handle.zone, handle.node_id))
+            qr = self.api.get_queued_resource(queued.queued_name(handle), **where)
+            return queued.queued_state(qr), queued.state_of(qr)
+        node = self.api.get_node(handle.project, handle.zone, handle.node_id)
+        state, native = machine_state(node), None if node is None else str(node.state.name)
         if not handle.created and state == MachineState.RUNNING and handle.ssh_pid:
             # Attached: the node stays; the job is over when the ssh session that ran it is.
-            return MachineState.RUNNING if container.process_alive(handle.ssh_pid) else MachineState.GONE
-        return state
+            return (MachineState.RUNNING if container.process_alive(handle.ssh_pid) else MachineState.GONE), native
+        return state, native
+
+    def ready_at(self, handle: TpuVmHandle) -> float | None:
+        return self._ready_at.get(handle.node_id)
+
+    def describe_handle(self, handle: TpuVmHandle) -> str:
+        return f"{self._what(handle)} in {handle.zone}"
+
+    def delete_hint(self, handle: TpuVmHandle) -> str:
+        return self._delete_hint(handle)
 
     def console_hint(self, handle: TpuVmHandle) -> str:
         """Where to read what a VM did at boot: its startup-script's journal (google-startup-scripts.service)."""

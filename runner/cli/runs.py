@@ -3,6 +3,7 @@ its submitting runner died (everything is read from the run directory; the backe
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -12,6 +13,10 @@ from runner.cli.typer_app import RunArg, app
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+    from runner.collect.facts import RunFacts
+    from runner.watch.events import Event
+    from runner.watch.rundir import Progress, Snapshot
+    from runner.watch.runs import RunRecord
 
 
 @app.command()
@@ -22,29 +27,18 @@ def status(
     import json
 
     from runner import contract
-    from runner.collect.facts import gather
     from runner.collect.progress import standing
-    from runner.collect.summary import existing_artifacts, failure_tail, one_line, summary_rows
-    from runner.storage import open_storage
-    from runner.watch.events import read_events
+    from runner.collect.summary import failure_tail, one_line, summary_rows
+    from runner.collect.timeline import startup
     from runner.watch.lookup import current_state, resolve, without_bad_handle
-    from runner.watch.rundir import Progress, read_record, read_snapshot
 
     record = resolve(run)
-    storage = open_storage(record.run_dir)
-    snapshot = read_snapshot(storage)
-    warnings = list(snapshot.problems)
-    events = read_events(storage, warnings)
+    warnings: list[str] = []
+    view = _view(record, warnings)
+    snapshot, events, facts = view.snapshot, view.events, view.facts
+    metrics = facts.metrics if facts else snapshot.metrics  # metrics.jsonl, else Keras' lines in the log
+    where = standing(view.progress, metrics)
     state = current_state(without_bad_handle(record, warnings), snapshot)
-    # cost, startup, metrics (metrics.jsonl, else Keras' lines in the log), summary, checkpoints: runner.collect.facts
-    facts = gather(record, storage, snapshot=snapshot, events=events, checkpoints=True)
-    warnings += facts.warnings
-    # progress.json itself is fresher than the copy in the heartbeat (every 10 s); a job that writes none: its log
-    progress = (
-        read_record(storage, contract.PROGRESS, Progress.from_json, warnings) or snapshot.progress or facts.log_progress
-    )
-    where = standing(progress, facts.metrics)
-    present = existing_artifacts(storage)
     if as_json:
         echo(
             json.dumps(
@@ -53,16 +47,17 @@ def status(
                     "state": str(state),
                     "run_dir": record.run_dir,
                     "backend": record.backend,
-                    "metrics": facts.metrics,
-                    "metrics_from": facts.metrics_from,
+                    "metrics": metrics,
+                    "metrics_from": facts.metrics_from if facts else None,
                     **where.to_json(),
-                    "summary": facts.summary.to_json() if facts.summary else None,
+                    "summary": facts.summary.to_json() if facts and facts.summary else None,
                     "heartbeat": snapshot.heartbeat.to_json() if snapshot.heartbeat else None,
                     "exits": [e.to_json() for e in snapshot.exits],
-                    "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(present)},
-                    "checkpoints": [c.to_json() for c in facts.checkpoints],
-                    "cost": facts.cost.to_json() if facts.cost is not None else None,
-                    "startup": facts.startup.to_json(),
+                    "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(view.present)},
+                    "checkpoints": [c.to_json() for c in facts.checkpoints] if facts else [],
+                    "cost": facts.cost.to_json() if facts and facts.cost is not None else None,
+                    "still_billing": record.still_billing,
+                    "startup": (facts.startup if facts else startup([], [], backend=record.backend)).to_json(),
                     "attempts": [a.model_dump(mode="json") for a in record.attempts],
                     "warnings": warnings,
                 },
@@ -93,22 +88,74 @@ def status(
     if snapshot.heartbeat_age_s is not None and not state.is_terminal():
         rows.append(("heartbeat", f"{snapshot.heartbeat_age_s:.0f}s ago"))
     rows += [row for row in where.rows() if not state.is_terminal() or row[0] == "last metrics"]
-    if facts.metrics_from == contract.log_key(0) and not state.is_terminal():
+    if facts is not None and facts.metrics_from == contract.log_key(0) and not state.is_terminal():
         rows.append(("metrics from", f"Keras' epoch lines in {contract.log_key(0)} (the job writes no metrics.jsonl)"))
     if events:
         last = events[-1]
         rows.append(
             ("last event", f"{one_line(last.event, 60)} ({one_line(last.source, 40)}, {when(last.time, '%H:%M:%S')})")
         )
-    rows += facts.rows()
+    if facts is not None:
+        rows += facts.rows()
+    else:
+        rows.append(("cost", "unknown: the run directory cannot be read"))
+        rows += [("billing", record.still_billing)] if record.still_billing else []
     print_rows(rows, title=f"Run {record.run_id}")
     print_rows(
-        summary_rows(record.run_dir, state, snapshot, present, summary=facts.summary, checkpoints=facts.checkpoints)
+        summary_rows(
+            record.run_dir,
+            state,
+            snapshot,
+            view.present,
+            summary=facts.summary if facts else None,
+            checkpoints=facts.checkpoints if facts else None,
+        )
     )
     for line in failure_tail(snapshot) if state.is_terminal() else []:
         echo(f"  {line}")
     for warning in warnings:
         warn(warning)
+
+
+@dataclass
+class _View:
+    """What `status` shows of a run directory; empty, with a warning, when it cannot be read."""
+
+    snapshot: Snapshot
+    progress: Progress | None = None
+    events: list[Event] = field(default_factory=list)
+    facts: RunFacts | None = None
+    present: set[str] = field(default_factory=set)
+
+
+def _view(record: RunRecord, warnings: list[str]) -> _View:
+    from runner import contract
+    from runner.collect.facts import gather
+    from runner.collect.summary import existing_artifacts
+    from runner.errors import StorageError
+    from runner.storage import open_storage
+    from runner.timings import Timings
+    from runner.watch.events import read_events
+    from runner.watch.rundir import Progress, Snapshot, read_record, read_snapshot
+
+    storage = open_storage(record.run_dir, patience_s=Timings.from_env().storage_patience_s)
+    try:
+        snapshot = read_snapshot(storage)
+        warnings += snapshot.problems
+        events = read_events(storage, warnings, one_clock=True)
+        # cost, startup, metrics (metrics.jsonl, else Keras' lines in the log), summary, checkpoints
+        facts = gather(record, storage, snapshot=snapshot, events=events, checkpoints=True)
+        warnings += facts.warnings
+        # progress.json itself is fresher than the copy in the heartbeat (every 10 s); a job that writes none: its log
+        progress = (
+            read_record(storage, contract.PROGRESS, Progress.from_json, warnings)
+            or snapshot.progress
+            or facts.log_progress
+        )
+        return _View(snapshot, progress, events, facts, existing_artifacts(storage))
+    except StorageError as exc:
+        warnings.append(f"{exc.message}: what follows is what this machine recorded of the run")
+        return _View(Snapshot([], None, [], None))
 
 
 @app.command()
@@ -125,7 +172,7 @@ def logs(
     from runner.backends import backend_named
     from runner.errors import UsageError
     from runner.storage import open_storage
-    from runner.watch.follow import LogTail, tail_for, whole_logs
+    from runner.watch.follow import LogTail, Sight, tail_for, whole_logs
     from runner.watch.follow import follow as follow_run
     from runner.watch.logtext import LogCleaner, clean_log
     from runner.watch.lookup import current_state, resolve, without_bad_handle
@@ -151,11 +198,13 @@ def logs(
     for warning in warnings:
         warn(warning)
     backend = backend_named(record.backend, say)
+    interval = 0.5 if storage.is_local else 2.0
     snapshot = follow_run(
         storage,
         lambda chunk: write_output(cleaner.feed(chunk)),
         num_workers=record.num_workers,
-        interval_s=0.5 if storage.is_local else 2.0,
+        interval_s=interval,
+        sight=Sight(say, interval),  # a run directory out of reach is said, and waited for: never an end
         tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
         stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
     )
@@ -203,7 +252,8 @@ def list_runs(
             "last_metrics": None,
             "metrics_from": None,
             "cost": None,
-            "cost_cell": "?",
+            "cost_cell": "?+" if record.still_billing else "?",
+            "still_billing": record.still_billing,
         }
         try:
             storage = open_storage(record.run_dir)

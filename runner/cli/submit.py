@@ -148,7 +148,7 @@ def backend_for(plan: Plan, process: bool, timings: Any) -> Backend[Any]:
     if plan.cloud is None:
         from runner.backends.local import LocalBackend
 
-        return LocalBackend(prefer="process" if process else None)
+        return LocalBackend(prefer="process" if process else None, say=say)
     from runner.backends.tpu_vm import TpuVmBackend
 
     return TpuVmBackend(say=say, timings=timings)
@@ -280,6 +280,10 @@ def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, det
         rows.insert(1, ("error", one_line(tail[-1]) + "  (its output is above)"))
     rows += end_rows(record, state, snapshot, facts) if facts else [("cost", f"unknown: {unknown}")]
     print_rows(rows, title=f"Run {record.run_id}")
+    if record.still_billing:  # whatever the job did: a node that may still bill is the one thing to act on now
+        from runner.errors import BackendError
+
+        raise BackendError(f"run {record.run_id} ended {state}, but {record.still_billing}")
     if state == RunState.SUCCEEDED:
         return
     if tail and not shown:

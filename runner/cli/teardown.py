@@ -12,15 +12,25 @@ from runner.cli.typer_app import RunArg, app
 
 @app.command()
 def down(run: RunArg) -> None:
-    """Stop a run and delete what it created, now, in any phase (an attached node is left running)."""
+    """Stop a run and delete what it created, now, in any phase (an attached node is left running).
+
+    Exit 5 while what it created is not confirmed gone; 4 when it is gone but the run directory could not be told."""
     from runner.teardown.down import down as take_down
     from runner.watch.lookup import resolve
 
     record = resolve(run)
-    if take_down(record, say=say):
-        say(f"{record.run_id} is down")
-    else:
+    done = take_down(record, say=say)
+    if not done.created:
         say(f"{record.run_id} created nothing that could still run")
+        return
+    if done.storage_error is not None:
+        from runner.errors import StorageError
+
+        raise StorageError(
+            f"{record.run_id} is down, but its run directory could not be told so: {done.storage_error.message}",
+            hint=f"`runner status {record.run_id}` shows the run as this machine recorded it",
+        )
+    say(f"{record.run_id} is down")
 
 
 @app.command()
@@ -38,7 +48,8 @@ def gc(
     """Find runner-labelled TPU nodes and queued resources nobody needs any more, and delete them all.
 
     Without --zone it sweeps the zones of this machine's runs and every zone of the catalog. Each orphan is tried
-    even when another fails; the exit code is 5 if any deletion failed."""
+    even when another fails, and every zone even when another cannot be listed; the exit code is 5 if a zone was
+    skipped, a resource could not be judged, or a deletion failed."""
     from runner.errors import BackendError
     from runner.teardown.sweeper import sweeper_for
 
@@ -46,11 +57,20 @@ def gc(
     zones = sweeper.zones
     found = sweeper.scan()
     where = ", ".join(sorted(zones)) if len(zones) <= 4 else f"{len(zones)} zones"
+    for skipped, why in sorted(sweeper.skipped.items()):
+        say(f"could not list {skipped}: {why}; skipped it, swept the others")
     rows = [
         (
             f"{f.kind} {f.short_name}",
-            f"{f.zone}  {f.state}  run {f.run_id or '?'}  {f.age_s / 3600:.1f} h old  "
-            + (f"ORPHANED: {f.orphaned_because}" if f.orphaned_because else "in use: kept"),
+            f"{f.zone}  {f.state}  run {f.run_id or '?'}  "
+            + (f"{f.age_s / 3600:.1f} h old  " if f.age_s is not None else "")
+            + (
+                f"ORPHANED: {f.orphaned_because}"
+                if f.orphaned_because
+                else f"UNKNOWN: kept ({f.unknown})"
+                if f.unknown
+                else "in use: kept"
+            ),
         )
         for f in found
     ]
@@ -59,11 +79,9 @@ def gc(
     else:
         say(f"nothing labelled managed-by=tpu-runner in {where}")
     orphans = [f for f in found if f.orphaned_because]
-    if dry_run or not orphans:
-        if orphans:
-            say(f"{len(orphans)} orphaned; run without --dry-run to delete them")
-        return
-    results = sweeper.delete(orphans)
+    results = [] if dry_run else sweeper.delete(orphans)
+    if dry_run and orphans:
+        say(f"{len(orphans)} orphaned; run without --dry-run to delete them")
     for swept in results:
         what = f"{swept.leftover.kind} {swept.leftover.short_name} in {swept.leftover.zone}"
         if swept.outcome == "failed":
@@ -73,8 +91,14 @@ def gc(
         else:
             say(f"deleted {what}")
     failed = [s for s in results if s.outcome == "failed"]
-    if failed:
+    unjudged = [f for f in found if f.unknown]
+    problems = [f"{len(failed)} of {len(results)} deletion(s) failed"] if failed else []
+    if sweeper.skipped:
+        problems.append(f"{len(sweeper.skipped)} zone(s) could not be listed ({', '.join(sorted(sweeper.skipped))})")
+    if unjudged:
+        problems.append(f"{len(unjudged)} resource(s) could not be judged (their run directories cannot be read)")
+    if problems:
         raise BackendError(
-            f"{len(failed)} of {len(results)} deletion(s) failed",
-            hint="each failure is listed above; fix the cause (often a permission) and run `runner gc` again",
+            "; ".join(problems),
+            hint="each is listed above with its reason; fix the cause (often a permission) and run `runner gc` again",
         )

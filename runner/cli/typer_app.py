@@ -4,6 +4,7 @@ their modules import only typer and the standard library at module level."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +30,21 @@ class _RunnerGroup(TyperGroup):
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             ctx.exit(130)
+        except OSError as exc:
+            # This machine's disk refused a write (run records, reports, logs in $RUNNER_HOME): one message, no
+            # traceback. Anything else an OSError means is a bug, and keeps its traceback.
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            from runner.errors import StorageError
+
+            error = StorageError(
+                f"cannot write {exc.filename or 'a file'}: {exc.strerror}",
+                hint="free some space on that disk, or point $RUNNER_HOME (run records, reports) at another one",
+            )
+            report_error(error)
+            if os.environ.get("RUNNER_DEBUG"):
+                raise
+            ctx.exit(error.exit_code)
         return None  # not reached: ctx.exit raises
 
 

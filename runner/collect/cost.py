@@ -1,16 +1,23 @@
 """What a run cost on Cloud TPU, from its events. A node bills while it is READY, idle or not.
 
 Each node a run created (or attached to) is one billable span, per attempt: a preempted node and the node that
-replaced it are two spans. A span starts at the runner's `provisioned` event (the API said READY; the runner polls,
-so READY may have come a poll earlier) and ends at the first of
+replaced it are two spans. A span starts when the node turned READY: by the API's own clock when the runner read it
+from the create operation (the `provisioned` event's `ready_at`), else at that event (the runner polls,
+so READY may have come a poll earlier). It ends at the first of
 
     preempted                               the runner found it PREEMPTED or gone: a preempted node bills no more
     teardown_requested, delete_requested,   someone asked for its deletion (the runner, its own startup script,
     down_requested                          `runner down`): the node leaves READY for DELETING
 
-and its deletion is `confirmed` when a teardown_done / down_done with confirmed true follows. A node the run kept
-(teardown_skipped: teardown.policy) or one the events never show going is counted up to `now` and marked open:
-as far as the run directory says, it still bills. A node preempted while it booted was never READY: no span.
+and its deletion is `confirmed` when a teardown_done / down_done with confirmed true follows. A `delete_failed`
+after a request means the deletion did not happen (its operation failed, the node is READY again): the span goes
+on, and from then on only the runner's (or `runner down`'s) requests end it: a VM's own request, whose outcome
+nobody read, is no evidence against a refusal already seen. A node the run kept (teardown_skipped:
+teardown.policy) or one the events never show going is counted up to `now` and marked open: as far as the run
+directory says, it still bills. A node preempted while it booted was never READY: no span.
+
+The events come from several machines whose clocks need not agree: the caller puts them on one clock first
+(runner.watch.events.read_events(one_clock=True)). A span is clamped to what can be: never negative, never past `now`.
 
 cost = chips x hours x the catalog's list price per chip-hour (Spot or on-demand; a reservation is billed on its own
 terms, so its figure is the on-demand list price, and says so). Pure: events in, numbers out; no clock read here.
@@ -27,6 +34,7 @@ from runner.watch.events import Event
 
 _CLOSE_REQUEST = ("teardown_requested", "delete_requested", "down_requested")
 _CONFIRM = ("teardown_done", "down_done")
+_FAILED = "delete_failed"  # a deletion that did not happen: the node bills on
 
 
 @dataclass(frozen=True)
@@ -123,46 +131,60 @@ def _attached(event: Event) -> bool:
     return isinstance(handle, dict) and handle.get("created") is False
 
 
+def _ready_at(event: Event) -> float:
+    """When the node turned READY: the API's own time of it, if the provisioned event carries one that can be, else
+    the provisioned event's."""
+    stamp = event.fields.get("ready_at")
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool) and event.time - 3600 <= stamp <= event.time + 60:
+        return float(stamp)
+    return event.time
+
+
 def node_spans(events: Sequence[Event], *, now: float) -> list[Span]:
-    """Every READY span in time order. `events` may come in any order; the runner's, the startup scripts' and
-    `runner down`'s all count."""
+    """Every READY span in time order. `events` may come in any order (on one clock); the runner's, the startup
+    scripts' and `runner down`'s all count."""
     spans: list[Span] = []
     current: Event | None = None  # the provisioned event of the node READY now
-    ended: Span | None = None  # the span just closed by a request, waiting for its confirmation
+    ended: Event | None = None  # the provisioned event of the span just closed by a request, until confirmed
     kept = False
+    refused = False  # a deletion of the current node failed: a VM's own request (its outcome unknown) ends nothing
+
+    def span(provisioned: Event, end: float, ended_by: str, confirmed: bool = False, open: bool = False) -> Span:
+        start = min(_ready_at(provisioned), now)
+        return Span(
+            _node_name(provisioned),
+            start,
+            min(max(end, start), max(now, start)),
+            ended_by,
+            confirmed,
+            open,
+            _attached(provisioned),
+        )
+
     for event in sorted(events, key=lambda e: e.time):
         kind = event.event
         if kind == "provisioned" and event.source == "runner":
             if current is not None:  # a new node with no end seen for the last: it went when this one came
-                node, attached = _node_name(current), _attached(current)
-                spans.append(Span(node, current.time, event.time, "replaced", attached=attached))
-            current, ended, kept = event, None, False
+                spans.append(span(current, event.time, "replaced"))
+            current, ended, kept, refused = event, None, False, False
         elif current is not None and kind == "preempted" and event.source == "runner":
-            spans.append(Span(_node_name(current), current.time, event.time, "preempted", attached=_attached(current)))
+            spans.append(span(current, event.time, "preempted"))
             current, ended = None, None
-        elif current is not None and kind in _CLOSE_REQUEST:
-            ended = Span(_node_name(current), current.time, event.time, "delete requested", attached=_attached(current))
-            if _attached(current):  # the runner stopped its job; the node was never this run's to delete
-                ended = Span(_node_name(current), current.time, event.time, "job stopped", attached=True)
-            spans.append(ended)
-            current = None
+        elif current is not None and kind in _CLOSE_REQUEST and not (refused and not event.source.startswith("runner")):
+            # the runner stopped an attached node's job; that node was never this run's to delete
+            spans.append(span(current, event.time, "job stopped" if _attached(current) else "delete requested"))
+            current, ended = None, current
         elif current is not None and kind == "teardown_skipped":
             kept = True
+        elif ended is not None and kind == _FAILED:
+            spans.pop()  # the deletion did not happen: the node is READY again, billing
+            current, ended, refused = ended, None, True
         elif ended is not None and kind in _CONFIRM and event.fields.get("confirmed") is True:
-            spans[-1] = Span(ended.node, ended.start, ended.end, "deleted", True, attached=ended.attached)
+            last = spans[-1]
+            spans[-1] = Span(last.node, last.start, last.end, "deleted", True, attached=last.attached)
             ended = None
     if current is not None:
-        end = max(now, current.time)
-        spans.append(
-            Span(
-                _node_name(current),
-                current.time,
-                end,
-                "kept (teardown.policy)" if kept else "still READY",
-                open=True,
-                attached=_attached(current),
-            )
-        )
+        spans.append(span(current, now, "kept (teardown.policy)" if kept else "still READY", open=True))
     return spans
 
 

@@ -203,11 +203,18 @@ class RunFacts:
 
         if self.cost is None:
             return "$0" if self.record.backend == "local" else "-"
-        return money(self.cost.usd) + ("+" if self.cost.open else "")
+        return money(self.cost.usd) + ("+" if self.still_billing else "")
+
+    @property
+    def still_billing(self) -> bool:
+        """A node may still bill: the events say one is READY, or this machine's record says a deletion failed."""
+        return bool(self.record.still_billing) or (self.cost is not None and self.cost.open)
 
     def rows(self) -> list[tuple[str, str]]:
         """The rows `runner status` and the end of `runner submit` add to the summary."""
         rows = [("cost", self.cost_text())]
+        if self.record.still_billing:
+            rows.append(("billing", self.record.still_billing))
         if self.events:
             rows.append(("startup", self.startup.text()))
         return rows
@@ -225,6 +232,12 @@ class RunFacts:
         }
 
 
+def _created_at(record: RunRecord, events: list[Event]) -> float:
+    """When the run was planned, on the events' clock (moved as the runner's own events were)."""
+    runner = next((e for e in events if e.source == "runner"), None)
+    return record.created_at - (runner.clock_offset if runner is not None else 0.0)
+
+
 def gather(
     record: RunRecord,
     storage: Storage,
@@ -235,13 +248,13 @@ def gather(
     checkpoints: bool = False,
 ) -> RunFacts:
     """Everything the run directory says of the run's metrics, summary, cost and phases. Pass what the caller has
-    read already (`snapshot`, `events`); `checkpoints` lists checkpoints/ too."""
+    read already (`snapshot`, `events`: read with one_clock, see read_events); `checkpoints` lists checkpoints/ too."""
     warnings: list[str] = []
     if snapshot is None:
         snapshot = read_snapshot(storage)
         warnings += snapshot.problems
-    if events is None:
-        events = read_events(storage, warnings)
+    if events is None:  # the machines' clocks need not agree: everything measured here is on the storage's
+        events = read_events(storage, warnings, one_clock=True)
     spec = read_spec(storage, warnings)
     now = time.time() if now is None else now
     price = spec_price(spec) if record.backend != "local" else None
@@ -272,7 +285,7 @@ def gather(
         timeline=build_timeline(
             events,
             snapshot.metrics,
-            created_at=record.created_at,
+            created_at=_created_at(record, events),
             evaluated=summary is not None and summary.evaluated,
         ),
         checkpoints=list_checkpoints(storage, warnings) if checkpoints else [],

@@ -21,7 +21,8 @@ _BLOCK = re.compile(r"(# --- values \(rendered by runner/bootstrap\.py\) ---\n)(
 
 
 def env_file(env: dict[str, str]) -> str:
-    """docker --env-file content: KEY=VALUE lines, values literal (Docker does no quoting or expansion)."""
+    """docker --env-file content: KEY=VALUE lines, values literal (Docker does no quoting or expansion). The spec
+    refuses a value that cannot be one line (runner.spec's env values), with its line; this guards the format."""
     for key, value in env.items():
         if "\n" in value or "\0" in value:
             raise ValueError(f"{key}: a container environment value cannot contain a newline or NUL")

@@ -17,15 +17,15 @@ The run record (local, and run.json in the run directory) is saved at every tran
 `down` and `gc` know what exists at any moment, including while a node is being created. Teardown is in a
 `finally`, and SIGINT/SIGTERM are turned into an exception during the run, so every way out of `submit` passes
 through it. Attached machines are never deleted.
+
+Deleting needs nothing but the API: teardown sends the delete from the handle it holds, and only then records it
+in the run directory. Once the machine exists, the run directory is where the run is watched, never what keeps it
+alive: an event that cannot be written waits for the next write, a run directory that cannot be read is "unknown"
+(runner.watch.follow.Sight), and only a bucket that no longer exists ends the run (nothing it writes can land).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +33,9 @@ from typing import Any
 
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, Preempted, RunnerError, UsageError
-from runner.lifecycle.watchdog import Verdict, Watchdog
+from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.lifecycle.heartbeat import RunnerHeartbeat
+from runner.lifecycle.watchdog import STOPPED_STATES, Verdict, Watchdog, stopped_reason
 from runner.plan.planner import Plan
 from runner.spec.loader import dump_spec
 from runner.storage import Storage, open_storage
@@ -42,12 +43,10 @@ from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, sig
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
-from runner.watch.follow import follow, tail_for
+from runner.watch.follow import Sight, follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
-
-log = logging.getLogger(__name__)
 
 # Before a machine is recreated its predecessor must be gone; a real TPU VM takes a minute or two to delete.
 REPLACE_WAIT_S = 600.0
@@ -108,35 +107,6 @@ def share_data(plan: Plan, say: Callable[[str], None]) -> None:
         say(f"warning: could not copy the data cache to {url}: {exc}")
 
 
-class RunnerHeartbeat:
-    """While the runner watches, `runner-heartbeat` in the run directory says so (every `every_s`). A run that set
-    teardown.runner_heartbeat_timeout stops itself, and its VM goes, when this stops for longer than that."""
-
-    def __init__(self, storage: Storage, every_s: float = 30.0) -> None:
-        self.storage, self.every_s = storage, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _beat(self) -> None:
-        beat = {"time": round(time.time(), 3), "pid": os.getpid(), "host": socket.gethostname()}
-        try:
-            self.storage.write_bytes(contract.RUNNER_HEARTBEAT, json.dumps(beat).encode())
-        except RunnerError as exc:
-            log.warning("could not write the runner heartbeat: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self._beat()
-
-    def __enter__(self) -> RunnerHeartbeat:
-        self._beat()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-
 def _show_event(event: Event, say: Callable[[str], None]) -> None:
     """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
     if event.source.startswith("runner"):
@@ -185,14 +155,16 @@ class Run:
         self.stale_s = timings.worker_stale_s
         self.grace_s = grace_s
         self.status_every_s = 0.0 if backend.ephemeral else timings.machine_status_every_s
-        self.storage = open_storage(plan.run_dir)
+        self.storage = open_storage(plan.run_dir, patience_s=timings.storage_patience_s)
         if previous is None:
             self.record = start_record(plan, self.storage)
         else:  # `runner resume`: a new attempt of a run that ended short (runner.lifecycle.resume)
             from runner.lifecycle.resume import continue_record
 
             self.record = continue_record(plan, self.storage, previous, overrides or [])
-        self.events = EventLog(self.storage, "runner")
+        self.sight = Sight(say, self.poll_s)
+        self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
+        self.events = EventLog(self.storage, "runner", on_error=self._storage_failed)
         self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
         self.seen: set[tuple[float, str, str]] = set()
         if previous is not None:  # what the earlier attempts wrote was shown then
@@ -202,24 +174,48 @@ class Run:
         self.state = RunState.PENDING
         self.reason: str | None = None
         self.snapshot: Snapshot | None = None
-        self.since: float | None = None  # when this attempt's machine was asked for
+        self.since: float | None = None  # the storage's time when this attempt's machine was asked for
         self.preemptions = self.failures = self.silent_boots = 0
         self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
 
     # -- record ---------------------------------------------------------------------------------------------------
 
-    def _save(self, **changes: Any) -> None:
-        """The local record and, when the handle changes, run.json: both always say what may exist."""
+    def _save(self, *, required: bool = False, **changes: Any) -> None:
+        """The local record and, when the handle changes, run.json: both always say what may exist. `required`:
+        before a create request, where a run.json that cannot be written stops the run before anything exists;
+        once something does, the local record is what deleting needs, and run.json is written when it can be."""
         handle_changed = "handle" in changes and changes["handle"] != self.record.handle
         self.record = runs.save(self.record.updated(**changes))
         if handle_changed:
-            self.storage.write_bytes(contract.RUN_INFO, runs.run_info(self.record))
+            try:
+                self.storage.write_bytes(contract.RUN_INFO, runs.run_info(self.record))
+            except StorageError as exc:
+                if required:
+                    raise
+                self._storage_failed(exc)
+
+    def _storage_failed(self, exc: StorageError) -> None:
+        """A write to the run directory failed: said once, and the run goes on (a missing bucket ends it, at the
+        next read: runner.watch.follow)."""
+        if self.storage_trouble is None:
+            self.say(f"warning: {exc.message}; the run goes on, and this is written when the run directory can be")
+        self.storage_trouble = exc
 
     def _on_handle(self, handle: Handle) -> None:
         """Called by the backend before it sends a create request: recorded first, then created."""
         self.handle = handle
-        self._save(state=RunState.PROVISIONING, handle=handle.to_dict())
+        self._save(state=RunState.PROVISIONING, handle=handle.to_dict(), required=True)
         self.events.emit("provisioning", handle=handle.to_dict())
+
+    def _storage_now(self) -> float | None:
+        """The storage's own time now (runner-heartbeat written, and its `updated` read), for `since`: whatever a
+        machine asked for after it writes is newer, whatever the machine's clock says. None when it cannot say."""
+        try:
+            RunnerHeartbeat.write(self.storage)
+            key = contract.RUNNER_HEARTBEAT
+            return next((info.updated for info in self.storage.list(key) if info.key == key), None)
+        except StorageError:
+            return None
 
     # -- phases ---------------------------------------------------------------------------------------------------
 
@@ -227,7 +223,7 @@ class Run:
         retries = self.plan.spec.retries
         while True:
             # What the run directory holds from before this request is an older machine's (read_snapshot's since).
-            self.since = time.time()
+            self.since = self._storage_now() or self.since
             try:
                 handle = self.backend.provision(self.plan, self._on_handle)
             except Preempted as exc:  # taken back while booting; the backend already deleted it
@@ -240,11 +236,19 @@ class Run:
                 continue
             self.handle = handle
             self._save(state=RunState.STARTING, handle=handle.to_dict())
-            self.events.emit("provisioned", handle=handle.to_dict())
+            self.events.emit("provisioned", handle=handle.to_dict(), ready_at=self.backend.ready_at(handle))
             return handle
 
     def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
-        dog = Watchdog(self.plan, self.backend, handle, status_every_s=self.status_every_s, stale_s=self.stale_s)
+        dog = Watchdog(
+            self.plan,
+            self.backend,
+            handle,
+            status_every_s=self.status_every_s,
+            stale_s=self.stale_s,
+            sight=self.sight,
+            say=self.say,
+        )
         verdict: list[Verdict] = []
 
         def on_event(event: Event) -> None:
@@ -262,11 +266,15 @@ class Run:
         snapshot = self._follow(on_event, stop)
         if not verdict:  # follow's own end: every exit record is there
             verdict.append(Verdict.FINISHED)
-        if verdict[0] == Verdict.MACHINE_GONE:
+        self.events.hold()  # from here to the delete, the API alone: what is said goes to storage after it
+        if verdict[0] == Verdict.MACHINE_GONE and self._nothing_to_delete(handle):
             # A VM that finished writes its exit record, then deletes itself: read again what it left.
-            snapshot = read_snapshot(self.storage, with_metrics=False, since=self.since)
+            snapshot = self._read_again(snapshot)
+        if verdict[0] == Verdict.MACHINE_GONE:
             if len(snapshot.exits) >= self.plan.num_workers:
                 verdict[0] = Verdict.FINISHED
+            elif not self.backend.ephemeral:
+                self.reason = dog.gone_reason()
         if verdict[0] == Verdict.SILENT:
             self.reason = (
                 f"the machine was up for {self.plan.spec.teardown.boot_timeout}s without a word from its startup "
@@ -276,10 +284,45 @@ class Run:
             self.reason = dog.reason
         return verdict[0], snapshot
 
+    def _nothing_to_delete(self, handle: Handle) -> bool:
+        """The machine is gone or going (GONE, DELETING): nothing bills any more, so the run directory may be read
+        before anything else is done. A PREEMPTED or STOPPED one is deleted first."""
+        try:
+            return self.backend.status(handle) in (MachineState.GONE, MachineState.DELETING)
+        except RunnerError:
+            return False
+
+    def _read_again(self, snapshot: Snapshot) -> Snapshot:
+        """The run directory once more: the machine is gone, and what it left decides the run's state. While it
+        cannot be read that is unknown, so this waits (saying so), up to the run's deadline: a job that finished
+        must never be taken for one that was preempted, and run again."""
+        while True:
+            try:
+                read = read_snapshot(self.storage, with_metrics=False, since=self.since)
+                self.sight.back()
+                return read
+            except BucketMissing:
+                raise
+            except StorageError as exc:
+                wait = self.sight.lost(exc)
+                if time.time() + wait > self.plan.deadline:
+                    return snapshot
+                time.sleep(wait)
+
+    def _down_elsewhere(self) -> bool:
+        """`runner down` from another shell: it marks this machine's record cancelled before it deletes anything,
+        so a machine gone that way is never taken for a preemption (and recreated), even with storage out of
+        reach."""
+        try:
+            return runs.load(self.plan.run_id).state == RunState.CANCELLED
+        except RunnerError:
+            return False
+
     def decide(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> RunState:
         """The run's state after a verdict, or _Retry when the machine is to be replaced."""
         retries = self.plan.spec.retries
-        if verdict == Verdict.DOWN:
+        if verdict == Verdict.DOWN or (verdict == Verdict.MACHINE_GONE and self._down_elsewhere()):
+            self.reason = None
             return RunState.CANCELLED
         if verdict == Verdict.DEADLINE:
             self.reason = f"max_runtime ({self.plan.spec.teardown.max_runtime}s) passed"
@@ -324,6 +367,11 @@ class Run:
             if slices > 1:
                 self._let_the_chief_save()
             raise _Retry
+        if (stopped := self._stopped(verdict, snapshot, handle)) is not None:
+            self.reason = stopped
+            self.say(f"{stopped}: ending the run")
+            self.events.emit("machine_stopped", reason=stopped)
+            return RunState.LOST
         if verdict == Verdict.WORKER_LOST:
             self.say(f"{self.reason}: ending the run")
             self.events.emit("worker_lost", reason=self.reason)
@@ -376,6 +424,8 @@ class Run:
             on_event=on_event,
             stop=stop,
             since=self.since,
+            sight=self.sight,
+            judge_blind=True,  # the runner's deadlines and the API's word on the machine do not wait for storage
         )
 
     def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
@@ -391,23 +441,70 @@ class Run:
         )
         return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
 
+    def _stopped(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> str | None:
+        """Why the run is lost when its machine was stopped under it (STOPPED: by someone, or maintenance) before
+        every worker succeeded; the workers' `cancelled` there is the stop's doing, not the job's end."""
+        done = len(snapshot.exits) >= self.plan.num_workers and all(
+            e.state == RunState.SUCCEEDED for e in snapshot.exits
+        )
+        if self.backend.ephemeral or done or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED):
+            return None
+        try:
+            native = self.backend.observe(handle)[1]
+        except RunnerError:
+            return None
+        return stopped_reason(self.backend.describe_handle(handle), native) if native in STOPPED_STATES else None
+
     def replace(self, handle: Handle) -> None:
         """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The
         old machine is gone, so nothing writes them any more; a preempted worker records `cancelled`, which must
-        not end the next attempt."""
-        self.events.emit("teardown_requested", state="replacing")
-        if not self.backend.teardown(handle, grace_s=self.grace_s, wait_s=REPLACE_WAIT_S):
+        not end the next attempt. The delete goes first; the run directory is told after."""
+        t0 = time.time()
+        gone = self._delete(handle, "replacing", t0, wait_s=REPLACE_WAIT_S)
+        if not gone:
             # Its successor would take its name: never create beside a machine that may still run the job.
             raise BackendError(
                 "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
             )
         self.handle = None
-        # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words.
-        for info in self.storage.list(contract.EXIT_DIR + "/") + self.storage.list(contract.HEARTBEATS_DIR + "/"):
-            self.storage.delete(info.key)
+        # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words (and
+        # what cannot be cleared now is older than the next attempt's `since`).
+        try:
+            for info in self.storage.list(contract.EXIT_DIR + "/") + self.storage.list(contract.HEARTBEATS_DIR + "/"):
+                self.storage.delete(info.key)
+        except StorageError as exc:
+            self._storage_failed(exc)
+
+    def _delete(self, handle: Handle, state: str, t0: float, *, wait_s: float | None = None) -> bool:
+        """The backend's teardown, from the handle alone; then teardown_requested (stamped when it was sent) and
+        teardown_done in the run directory, after what was held since the verdict. A deletion that failed leaves
+        the run marked as still billing, with the node and how to retry, before the error goes on."""
+        kwargs: dict[str, Any] = {"grace_s": self.grace_s} | ({"wait_s": wait_s} if wait_s is not None else {})
+        self.events.hold()
+        try:
+            gone = self.backend.teardown(handle, **kwargs)
+        except BackendError as exc:
+            self.events.release()
+            self.events.emit("teardown_requested", happened_at=t0, state=state)
+            self.events.emit("delete_failed", error=exc.message, handle=handle.to_dict())
+            self._save(still_billing=self._billing_note(handle, exc.message))
+            raise
+        self.events.release()
+        self.events.emit("teardown_requested", happened_at=t0, state=state)
+        self.events.emit("teardown_done", seconds=round(time.time() - t0, 2), confirmed=gone)
+        self._save(still_billing=None if gone else self._billing_note(handle, "its deletion is not confirmed"))
+        return gone
+
+    def _billing_note(self, handle: Handle, why: str) -> str:
+        what = self.backend.describe_handle(handle)
+        return (
+            f"{what} may still bill: {why}. Retry: `runner down {self.plan.run_id}` "
+            f"(or {self.backend.delete_hint(handle)})"
+        )
 
     def teardown(self, left_running: bool) -> None:
         if self.handle is None or left_running:
+            self.events.release()
             return
         policy = self.plan.spec.teardown.policy
         # An attached machine's teardown stops the job and leaves the machine (the backend never deletes it).
@@ -419,30 +516,39 @@ class Run:
         )
         with signals_deferred(self.say):
             if delete:
-                t0 = time.time()
-                self.events.emit("teardown_requested", state=str(self.state))
-                gone = self.backend.teardown(self.handle, grace_s=self.grace_s)
-                self.events.emit("teardown_done", seconds=round(time.time() - t0, 2), confirmed=gone)
+                gone = self._delete(self.handle, str(self.state), time.time())
                 if not gone:
                     self.reason = (self.reason + "; " if self.reason else "") + "its machine was still being deleted"
             else:
+                self.events.release()
                 self.events.emit("teardown_skipped", policy=policy, state=str(self.state))
 
     def settle(self) -> None:
-        """The final state: a state decided above stands; one still open is settled by the workers' records."""
-        rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
-        if rest:
-            self.on_output(rest)
-        final = read_snapshot(self.storage, since=self.since)
+        """The final state: a state decided above stands; one still open is settled by the workers' records. A run
+        directory that cannot be read leaves it open: `lost`, saying why (exit records read later overturn it)."""
+        unreadable: StorageError | None = None
+        try:
+            rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
+            if rest:
+                self.on_output(rest)
+            final = read_snapshot(self.storage, since=self.since)
+        except StorageError as exc:
+            unreadable, final = exc, self.snapshot or Snapshot([], None, [], None)
         if final.exits:
             self.state = derive_state(
                 final, self.plan.num_workers, self.state, machine_alive=False, heartbeat_timeout_s=0
             )
         if not self.state.is_terminal():
             self.state = RunState.LOST if not final.exits else self.state
+            if unreadable is not None:
+                self.reason = f"the run directory could not be read at the end: {unreadable.message}"
         self.snapshot = final
         self._save(state=self.state, finished_at=time.time(), reason=self.reason)
-        self.events.emit("finished", state=str(self.state), **({"reason": self.reason} if self.reason else {}))
+        self.events.emit("finished", state=str(self.state), reason=self.reason)
+        try:
+            self.events.flush()  # what waited for storage, once more
+        except StorageError as exc:
+            self.say(f"warning: some of this run's events are not in its run directory: {exc.message}")
 
     # -- the whole run --------------------------------------------------------------------------------------------
 
@@ -475,12 +581,20 @@ class Run:
                         continue
                     break
         except Interrupted as exc:
+            self.events.hold()  # the delete first: Ctrl-C with storage out of reach must not wait on it
             self.state = RunState.CANCELLED
             self.say(f"{exc}: stopping the run")
             self.events.emit("cancel_requested", signal=str(exc))
         except BackendError as exc:
+            self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             self.events.emit("provision_failed", error=exc.message)
+            raise
+        except StorageError as exc:
+            # The bucket is gone, or the run directory could not take run.json before a create: nothing this run
+            # writes can be kept, so it ends (what it created is deleted below, from the handle alone).
+            self.events.hold()
+            self.state, self.reason = RunState.FAILED, exc.message
             raise
         finally:
             try:

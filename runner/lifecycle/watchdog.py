@@ -7,18 +7,25 @@ deadlines are the runner's, whatever the machine does: max_runtime, boot_timeout
 On a pod slice every worker is judged on its own word: each must report (a bootstrap or worker event, or its
 heartbeat) within boot_timeout and keep its heartbeat going, and the first worker whose job ends badly ends the
 run, since the others cannot go on without it (a collective waits for every host).
+
+Durations judged from what the run directory shows (a silent boot, a heartbeat that stopped changing) are measured
+on the runner's own clock, one clock, never against a time a VM wrote; and on a clock that stands still while the
+run directory cannot be read (runner.watch.follow.Sight): losing sight of storage is no evidence about the run.
+The machine's state as the API says it is shown as it changes (REPAIRING, HIDDEN, UNKNOWN ...).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from enum import Enum
 
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import RunnerError
 from runner.plan.planner import Plan
 from runner.watch.events import Event
+from runner.watch.follow import Sight
 from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot
 from runner.watch.state import RunState
 
@@ -45,7 +52,29 @@ class Verdict(str, Enum):
     WORKER_LOST = "worker_lost"  # one worker never reported, or its heartbeat stopped
 
 
+STOPPED_STATES = ("STOPPED", "STOPPING")
+
+
+def stopped_reason(what: str, native: str) -> str:
+    """Why a run whose machine was stopped under it is lost, in words."""
+    return (
+        f"{what} was {native} before its job ended (someone stopped it: `gcloud compute tpus tpu-vm stop`, or a "
+        "maintenance event); a stopped node runs no job, so the run is lost"
+    )
+
+
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
+# What the API's state means for the run, said as the runner follows it (the rest are shown as they are).
+_STATE_NOTES = {
+    "REPAIRING": "Cloud TPU is repairing it; the job may be restarted on it",
+    "HIDING": "Cloud TPU is hiding it",
+    "HIDDEN": "hidden by Cloud TPU; the job does not run while it is",
+    "UNHIDING": "Cloud TPU is bringing it back",
+    "STATE_UNSPECIFIED": "the API does not say what it is doing",
+    "UNKNOWN": "the API does not say what it is doing",
+    "STOPPING": "it is being stopped: a stopped node runs no job",
+    "STOPPED": "a stopped node runs no job",
+}
 
 
 class Watchdog:
@@ -61,11 +90,16 @@ class Watchdog:
         *,
         status_every_s: float,
         stale_s: float = STALE_HEARTBEAT_S,
+        sight: Sight | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.plan, self.backend, self.handle = plan, backend, handle
         self.status_every_s = status_every_s
         self.stale_s = stale_s
-        self.ready_at = time.time()
+        self.clock = sight.clock if sight is not None else time.monotonic
+        self.say = say
+        self.native: str | None = None  # the machine's state as the API said it last
+        self.ready_at = self.clock()
         self.reported: set[int] = set()  # workers that said a word: an event, or a heartbeat
         self.down = False
         self.heard_at: float | None = None
@@ -82,7 +116,7 @@ class Watchdog:
         source, _, worker = event.source.rpartition("-")
         if source in ("bootstrap", "worker") and worker.isdigit():
             if not self.booted:
-                self.heard_at = time.time()
+                self.heard_at = self.clock()
             self.reported.add(int(worker))
         if event.event == "down_requested":
             self.down = True
@@ -113,12 +147,30 @@ class Watchdog:
         """Asks the backend at most every status_every_s; an API error is not an answer."""
         if time.monotonic() - self._asked_at >= self.status_every_s:
             try:
-                self._gone = self.backend.status(self.handle) in _GONE
+                state, native = self.backend.observe(self.handle)
+                self._gone = state in _GONE
+                self._show(native)
             except RunnerError as exc:
                 self._gone = False
                 log.warning("machine status unavailable: %s", exc)
             self._asked_at = time.monotonic()
         return self._gone
+
+    def _show(self, native: str | None) -> None:
+        if native is None or native == self.native:
+            return
+        if self.say is not None and (self.native is not None or native != "READY"):
+            note = _STATE_NOTES.get(native, "back" if native == "READY" and self.native else "")
+            self.say(f"{self.backend.describe_handle(self.handle)}: {native}" + (f" ({note})" if note else ""))
+        self.native = native
+
+    def gone_reason(self) -> str:
+        """Why following ended without every exit record, in words: what the API last said of the machine."""
+        what = self.backend.describe_handle(self.handle)
+        if self.native in STOPPED_STATES:
+            return stopped_reason(what, self.native)
+        said = f" (last {self.native})" if self.native else ""
+        return f"{what} went away{said} before every worker recorded how its job ended"
 
     def hung_for(self, snapshot: Snapshot) -> float | None:
         """Seconds the job's progress has stood still on some worker, by the machine's own clock, once past
@@ -141,7 +193,7 @@ class Watchdog:
 
     def lost_worker(self, snapshot: Snapshot, now: float) -> str | None:
         """Why a worker that has not exited counts as lost (naming it), or None: no word within boot_timeout while
-        other workers reported, or a heartbeat that stopped for stale_s."""
+        other workers reported, or a heartbeat that stopped for stale_s. `now` is on self.clock."""
         exited = {e.worker for e in snapshot.exits}
         boot_timeout = self.plan.spec.teardown.boot_timeout
         for worker in range(self.plan.num_workers):
@@ -166,9 +218,9 @@ class Watchdog:
                 f": {failed.error}" if failed.error else ""
             )
             return Verdict.WORKER_FAILED
-        now = time.time()
-        if now > self.plan.deadline:
+        if time.time() > self.plan.deadline:  # the runner's own promise, on its own clock
             return Verdict.DEADLINE
+        now = self.clock()
         self._note_heartbeats(snapshot, now)
         if not self.booted and now - self.ready_at > self.plan.spec.teardown.boot_timeout:
             return Verdict.SILENT

@@ -216,13 +216,6 @@ def check_image_for_cloud(image: str) -> None:
         raise PlanError(f"image {image!r}: {problem}")
 
 
-def _raise(error: PlanError) -> Callable[[], None]:
-    def fail() -> None:
-        raise error
-
-    return fail
-
-
 def check_image_project(image: str, project: str) -> None:
     """The shipped jobs name an image in the example project: a run elsewhere would boot a VM that cannot pull it."""
     ref = ImageRef.parse(image)
@@ -366,7 +359,13 @@ def plan_cloud(
     now = now or time.time()
     run_id = continued.run_id if continued else new_run_id(spec.name, now, run_suffix)
     if continued is not None and not continued.run_dir.startswith("gs://"):
-        check(_raise(PlanError(f"run {run_id} has a local run directory, which a TPU VM cannot reach")), None)
+        unreachable = PlanError(
+            f"run {run_id} has a local run directory, which a TPU VM cannot reach",
+            hint=f"`runner resume {run_id} --local` continues it on this machine",
+        )
+        if not collect:
+            raise unreachable
+        found.append(unreachable)
     storage_url = (
         continued.storage_url
         if continued
@@ -374,9 +373,6 @@ def plan_cloud(
     )
     check(lambda: check_image_for_cloud(spec.image), None)
     check(lambda: check_image_variant(spec, "tpu"), None)
-    for key, value in spec.env.items():
-        if "\n" in value or "\0" in value:
-            check(_raise(PlanError(f"env.{key}: a value for a TPU VM cannot contain a newline or NUL byte")), None)
     target = resolve_cloud_target(
         spec, run_id, project=project, zone=zone, environ=environ, problems=found if collect else None
     )

@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
 
@@ -362,6 +362,20 @@ class RetrySpec(_Model):
     _parse_wait = field_validator("capacity_wait", mode="before")(parse_duration)
 
 
+def _env_value(text: str) -> str:
+    # On a TPU VM the job's environment travels as a Docker env file, one KEY=VALUE a line; a process's environment
+    # cannot hold a NUL at all. Refused here, with its line, rather than by whatever renders it later.
+    if any(char in text for char in "\n\r\0"):
+        raise ValueError(
+            "an environment value cannot hold a line break or a NUL (a container's environment file has one "
+            "variable per line); put the text in a file the job reads, or base64-encode it"
+        )
+    return text
+
+
+EnvValue = Annotated[str, AfterValidator(_env_value)]
+
+
 class JobSpec(_Model):
     """One training job: what to run, on what, where its artifacts go and when to tear down."""
 
@@ -383,7 +397,7 @@ class JobSpec(_Model):
         description="For a `command`: when keras_callbacks() saves and how many checkpoints are kept and restored "
         "(default every epoch, 2 kept). The built-in trainer's are in `training`.",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment variables for the job.")
     storage: str = Field(
         ".",
         description="Where run directories (<storage>/runs/<run-id>) go: gs://BUCKET/PREFIX, or a local path "

@@ -1,7 +1,8 @@
 """Artifact storage behind one small interface: a local directory or a gs:// prefix.
 
-Keys are '/'-separated paths relative to the storage root. Every write replaces the whole object, because Cloud
-Storage has no append; the run-directory contract (runner.contract) gives each object a single writer.
+Keys are '/'-separated paths relative to the storage root. A write replaces the whole object; `append` adds to the
+end of one (on Cloud Storage, by composing the new bytes onto it), so that a growing log travels once. The
+run-directory contract (runner.contract) gives each object a single writer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from runner.spec import GCS_RE
 class ObjectInfo:
     key: str
     size: int
-    updated: float | None = None  # when it was last written (unix time): a file's mtime, an object's upload
+    updated: float | None = None  # when it was last written, by the storage's own clock (not the writer's)
 
 
 class Storage(Protocol):
@@ -37,6 +38,10 @@ class Storage(Protocol):
 
     def write_bytes(self, key: str, data: bytes) -> None: ...
 
+    def append(self, key: str, data: bytes, *, at: int) -> None:
+        """Add `data` to the end of the object, which holds `at` bytes now; StorageError when it does not."""
+        ...
+
     def upload_file(self, path: Path, key: str) -> None: ...
 
     def download_file(self, key: str, path: Path) -> bool:
@@ -52,17 +57,19 @@ class Storage(Protocol):
         ...
 
 
-def open_storage(url: str, *, gcs_client: object | None = None) -> Storage:
-    """Storage for gs://bucket/prefix (google-cloud-storage, client injectable) or a local path."""
+def open_storage(url: str, *, gcs_client: object | None = None, patience_s: float | None = None) -> Storage:
+    """Storage for gs://bucket/prefix (google-cloud-storage, client injectable) or a local path. `patience_s`: how
+    long one Cloud Storage call may retry (runner.storage.gcs) before it fails."""
     if url.startswith("gs://"):
         match = GCS_RE.match(url.rstrip("/"))
         if not match:
             from runner.errors import StorageError
 
             raise StorageError(f"{url!r} is not gs://BUCKET[/PREFIX]")
-        from runner.storage.gcs import GCSStorage
+        from runner.storage.gcs import DEFAULT_PATIENCE_S, GCSStorage
 
-        return GCSStorage(match["bucket"], match["prefix"] or "", client=gcs_client)
+        patience = DEFAULT_PATIENCE_S if patience_s is None else patience_s
+        return GCSStorage(match["bucket"], match["prefix"] or "", client=gcs_client, patience_s=patience)
     from runner.storage.local import LocalStorage
 
     return LocalStorage(Path(url))

@@ -59,6 +59,18 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"cannot write {path}: {exc.strerror}") from exc
 
+    def append(self, key: str, data: bytes, *, at: int) -> None:
+        path = self._path(key)
+        try:
+            size = path.stat().st_size if path.exists() else 0
+            if size != at:
+                raise StorageError(f"{path} is {size} bytes, not {at}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as f:
+                f.write(data)
+        except OSError as exc:
+            raise StorageError(f"cannot append to {path}: {exc.strerror}") from exc
+
     def upload_file(self, path: Path, key: str) -> None:
         dest = self._path(key)
         if dest == path.absolute():
@@ -86,8 +98,11 @@ class LocalStorage:
             if path.is_file() and not path.name.startswith("."):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
-                    stat = path.stat()
-                    out.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
+                    try:
+                        st = path.stat()
+                    except FileNotFoundError:  # replaced or removed while listing
+                        continue
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:

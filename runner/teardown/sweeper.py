@@ -6,6 +6,12 @@ this sweeper finds runner-labelled nodes and queued resources that both missed (
 whose delete call failed) and deletes them. It only ever touches resources labelled managed-by=tpu-runner, tries
 every one even when some fail, and never asks twice for a deletion already under way. A queued resource is judged
 and deleted as a whole (with force: its node goes with it); its node is never deleted on its own.
+
+It sweeps everything it can: a zone that cannot be listed (a zone the project may not use, a 500) is reported with
+the API's reason and skipped, and the other zones are swept. Liveness never compares two machines' clocks: a job's
+heartbeat is judged by when Cloud Storage stored it against the API's own time (the Date of its answers), a node's
+age by its createTime against the same; a run directory that cannot be read is no evidence either way (kept, and
+said), while one whose bucket no longer exists is (nothing the job writes can be kept).
 """
 
 from __future__ import annotations
@@ -19,14 +25,13 @@ from typing import Any
 from runner import contract
 from runner.backends.tpu_api import OperationState, TpuApi
 from runner.backends.tpu_vm import LABEL_DEADLINE, LABEL_MANAGED, LABEL_RUN, MANAGED_BY
-from runner.errors import RunnerError
+from runner.errors import BucketMissing, RunnerError, StorageError
 from runner.storage import open_storage
 from runner.timings import Timings
 
-# A live node whose job has written no heartbeat for this long (and that is older than the grace below) is
-# orphaned: its runner is gone and its job never started or died without an exit record.
-STALE_HEARTBEAT_S = 15 * 60
-STARTUP_GRACE_S = 20 * 60
+# A live node whose job has stored no heartbeat for this long (Timings.sweep_stale_heartbeat_s), or none at all in
+# its first 20 minutes (sweep_startup_grace_s), is orphaned: its runner is gone and its job died without an exit
+# record, or never started.
 _DEAD_NODE_STATES = {"PREEMPTED", "TERMINATED", "STOPPED"}
 _DEAD_QUEUED_STATES = {"FAILED", "SUSPENDED"}
 _GOING = {"DELETING"}
@@ -39,8 +44,9 @@ class Leftover:
     zone: str
     state: str
     run_id: str | None
-    age_s: float
+    age_s: float | None  # by the API's clock; None when it did not say its time
     orphaned_because: str | None  # None: still in use, kept
+    unknown: str | None = None  # why it could not be judged (kept): its run directory could not be read
 
     @property
     def short_name(self) -> str:
@@ -63,22 +69,42 @@ def _seconds(ts: Any) -> float | None:
         return None
 
 
-def _orphaned_run(run_dir: str, age_s: float, now: float) -> str | None:
-    """Why the run in `run_dir` no longer needs its machine, or None if it may still be using it."""
+class Unknown(Exception):
+    """What a node's run directory says could not be read: not evidence enough to delete anything."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a job may go without a stored heartbeat, and a node without any, before it is orphaned."""
+
+    stale_heartbeat_s: float = Timings.sweep_stale_heartbeat_s
+    startup_grace_s: float = Timings.sweep_startup_grace_s
+    storage_patience_s: float = Timings.storage_patience_s  # one unreachable bucket must not hold up the sweep
+
+
+def _orphaned_run(run_dir: str, age_s: float | None, api_now: float | None, limits: Limits) -> str | None:
+    """Why the run in `run_dir` no longer needs its machine, or None if it may still be using it. Unknown when
+    the run directory cannot be read. Heartbeats are judged by when Cloud Storage stored them (its clock) against
+    the API's now, never by the time a VM wrote in them."""
     try:
-        storage = open_storage(run_dir)
+        storage = open_storage(run_dir, patience_s=limits.storage_patience_s)
         info = json.loads(storage.read_bytes(contract.RUN_INFO) or b"{}")
         exits = storage.list(contract.EXIT_DIR + "/")
-        beat = json.loads(storage.read_bytes(contract.HEARTBEAT) or b"null")
-    except (RunnerError, ValueError, TypeError):
-        return None  # the run directory cannot be read: not evidence enough to delete anything
+        beats = [o for o in storage.list(contract.HEARTBEAT) if o.key.endswith(".json") or o.key == contract.HEARTBEAT]
+    except BucketMissing as exc:
+        return f"its run directory's bucket does not exist any more ({exc.message})"
+    except StorageError as exc:
+        raise Unknown(exc.message) from exc
+    except (ValueError, TypeError):
+        return None  # run.json is not a runner's: not evidence enough either
     if not isinstance(info, dict):
         return None
     if exits and len(exits) >= int(info.get("num_workers", 1)):
         return "its run has finished"
-    if isinstance(beat, dict) and now - float(beat.get("time", now)) > STALE_HEARTBEAT_S:
-        return f"its job has sent no heartbeat for {(now - float(beat['time'])) / 60:.0f} min"
-    if not beat and age_s > STARTUP_GRACE_S:
+    stored = [o.updated for o in beats if o.updated is not None]
+    if stored and api_now is not None and api_now - max(stored) > limits.stale_heartbeat_s:
+        return f"its job has stored no heartbeat for {(api_now - max(stored)) / 60:.0f} min"
+    if not beats and age_s is not None and age_s > limits.startup_grace_s:
         return f"no job started on it in {age_s / 60:.0f} min"
     return None
 
@@ -92,23 +118,46 @@ def _past_or_ended(labels: dict[str, str], now: float, ended_runs: dict[str, str
     return None
 
 
-def classify_node(node: Any, zone: str, now: float, ended_runs: dict[str, str] | None = None) -> Leftover:
-    """Any live state is judged (a node a killed runner left CREATING comes up and is judged like any other)."""
+def _age(create_time: Any, api_now: float | None) -> float | None:
+    created = _seconds(create_time)
+    return None if created is None or api_now is None else max(0.0, api_now - created)
+
+
+def classify_node(
+    node: Any,
+    zone: str,
+    now: float,
+    ended_runs: dict[str, str] | None = None,
+    api_now: float | None = None,
+    limits: Limits = Limits(),
+) -> Leftover:
+    """Any live state is judged (a node a killed runner left CREATING comes up and is judged like any other).
+    `now`: this machine's clock, for the deadline this runner wrote; `api_now`: the API's, for ages."""
     labels = dict(node.labels)
-    created = _seconds(node.create_time) or now
-    age = now - created
+    age = _age(node.create_time, api_now)
     state = node.state.name
+    unknown = None
     if state in _DEAD_NODE_STATES:
         reason: str | None = f"it is {state} and can never run the job again"
     else:
         reason = _past_or_ended(labels, now, ended_runs)
         run_dir = dict(node.metadata).get(contract.RUN_DIR_METADATA)
         if reason is None and state not in _GOING and run_dir:
-            reason = _orphaned_run(run_dir, age, now)
-    return Leftover("node", node.name, zone, state, labels.get(LABEL_RUN), age, reason)
+            try:
+                reason = _orphaned_run(run_dir, age, api_now, limits)
+            except Unknown as exc:
+                unknown = f"its run directory cannot be read: {exc}"
+    return Leftover("node", node.name, zone, state, labels.get(LABEL_RUN), age, reason, unknown)
 
 
-def classify_queued(qr: Any, zone: str, now: float, ended_runs: dict[str, str] | None = None) -> Leftover | None:
+def classify_queued(
+    qr: Any,
+    zone: str,
+    now: float,
+    ended_runs: dict[str, str] | None = None,
+    api_now: float | None = None,
+    limits: Limits = Limits(),
+) -> Leftover | None:
     """Like a node: FAILED and SUSPENDED ones never provision; any other is a leftover once its run's deadline has
     passed or its run ended, and an ACTIVE one once its run directory says its job is over or silent."""
     specs = list(qr.tpu.node_spec) if qr.tpu else []
@@ -116,15 +165,19 @@ def classify_queued(qr: Any, zone: str, now: float, ended_runs: dict[str, str] |
     if labels.get(LABEL_MANAGED) != MANAGED_BY:
         return None
     state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
-    age = now - (_seconds(qr.create_time) or now)
+    age = _age(qr.create_time, api_now)
+    unknown = None
     if state in _DEAD_QUEUED_STATES:
         reason: str | None = f"it is {state}: it will never provision"
     else:
         reason = _past_or_ended(labels, now, ended_runs)
         run_dir = dict(specs[0].node.metadata).get(contract.RUN_DIR_METADATA)
         if reason is None and state == "ACTIVE" and run_dir:
-            reason = _orphaned_run(run_dir, age, now)
-    return Leftover("queued resource", qr.name, zone, state, labels.get(LABEL_RUN), age, reason)
+            try:
+                reason = _orphaned_run(run_dir, age, api_now, limits)
+            except Unknown as exc:
+                unknown = f"its run directory cannot be read: {exc}"
+    return Leftover("queued resource", qr.name, zone, state, labels.get(LABEL_RUN), age, reason, unknown)
 
 
 class Sweeper:
@@ -137,28 +190,42 @@ class Sweeper:
         say: Callable[[str], None] = print,
         ended_runs: dict[str, str] | None = None,
         poll_s: float = 2.0,
+        limits: Limits = Limits(),
     ) -> None:
         self.api, self.project, self.zones, self.say = api, project, zones, say
         self.ended_runs = ended_runs or {}  # run id -> terminal state, from this machine's run records
         self.poll_s = poll_s
+        self.limits = limits
+        self.skipped: dict[str, str] = {}  # zone -> why it could not be swept (the API's reason)
 
     def scan(self, now: float | None = None) -> list[Leftover]:
+        """Every runner-labelled leftover in the zones that can be listed; the others go to `skipped`."""
         now = now or time.time()
         found: list[Leftover] = []
         for zone in self.zones:
-            queued = [
-                leftover
-                for qr in self.api.list_queued_resources(self.project, zone)
-                if (leftover := classify_queued(qr, zone, now, self.ended_runs)) is not None
-            ]
-            held = {q.name for q in queued}
-            for node in self.api.list_nodes(self.project, zone):
-                if node.queued_resource in held:
-                    continue  # judged, and deleted, with its queued resource
-                if dict(node.labels).get(LABEL_MANAGED) == MANAGED_BY:
-                    found.append(classify_node(node, zone, now, self.ended_runs))
-            found += queued
+            try:
+                found += self._scan_zone(zone, now)
+            except RunnerError as exc:
+                self.skipped[zone] = exc.message
         return found
+
+    def _scan_zone(self, zone: str, now: float) -> list[Leftover]:
+        queued_resources = self.api.list_queued_resources(self.project, zone)
+        nodes = self.api.list_nodes(self.project, zone)
+        api_now = self.api.clock.now()
+        queued = [
+            leftover
+            for qr in queued_resources
+            if (leftover := classify_queued(qr, zone, now, self.ended_runs, api_now, self.limits)) is not None
+        ]
+        held = {q.name for q in queued}
+        found = [
+            classify_node(node, zone, now, self.ended_runs, api_now, self.limits)
+            for node in nodes
+            if node.queued_resource not in held  # judged, and deleted, with its queued resource
+            and dict(node.labels).get(LABEL_MANAGED) == MANAGED_BY
+        ]
+        return found + queued
 
     def _request(self, leftover: Leftover) -> str | None:
         if leftover.kind == "node":
@@ -231,4 +298,5 @@ def sweeper_for(
     ended = {r.run_id: str(r.state) for r in records if r.state.is_terminal()}
     timings = Timings.from_env()
     api = TpuApi(timings=timings)
-    return Sweeper(api, project, sorted(chosen), say=say, ended_runs=ended, poll_s=timings.sweep_poll_s)
+    limits = Limits(timings.sweep_stale_heartbeat_s, timings.sweep_startup_grace_s, timings.storage_patience_s)
+    return Sweeper(api, project, sorted(chosen), say=say, ended_runs=ended, poll_s=timings.sweep_poll_s, limits=limits)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runner import contract
-from runner.storage import Storage
+from runner.storage import ObjectInfo, Storage
 from runner.watch.state import RunState
 
 T = TypeVar("T")
@@ -292,10 +292,14 @@ class Snapshot:
     problems: list[str] = field(default_factory=list)
     progress: Progress | None = None
     heartbeats: dict[int, Heartbeat] = field(default_factory=dict)  # worker -> its own heartbeat
+    heartbeat_at: float | None = None  # when the heartbeat was stored, by the storage's clock (not the VM's)
 
     @property
     def heartbeat_age_s(self) -> float | None:
-        return None if self.heartbeat is None else self.heartbeat.age_s
+        """Seconds since the heartbeat was stored (by the storage's clock when known: the VM's may be off)."""
+        if self.heartbeat is None:
+            return None
+        return max(0.0, time.time() - self.heartbeat_at) if self.heartbeat_at is not None else self.heartbeat.age_s
 
 
 def where(storage: Storage, key: str) -> str:
@@ -341,20 +345,26 @@ def parse_jsonl(data: bytes, name: str, problems: list[str] | None, convert: Cal
     last = lines.pop().strip()  # b"" when the file ends with a newline, as a complete file does
     out: list[T] = []
     bad: list[int] = []
+    why = ""  # what is wrong with the first bad line, when the record says (a time no clock reads, ...)
     for line_number, line in enumerate([*lines, last], start=1):
         if not line.strip():
             continue
         try:
-            out.append(convert(_object(loads(line))))
-        except (KeyError, TypeError, ValueError, OverflowError):
-            torn = line_number == len(lines) + 1 and line.startswith(b"{")
-            if not torn:
+            raw = _object(loads(line))
+        except (TypeError, ValueError):
+            if not (line_number == len(lines) + 1 and line.startswith(b"{")):  # a torn last line is not corrupt
                 bad.append(line_number)
+            continue
+        try:
+            out.append(convert(raw))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            bad.append(line_number)
+            why = why or (f" ({exc})" if isinstance(exc, ValueError) else "")
     if problems is not None and bad:
         if out:
-            problems.append(f"{name}: skipped {len(bad)} corrupt line(s), the first is line {bad[0]}")
+            problems.append(f"{name}: skipped {len(bad)} corrupt line(s), the first is line {bad[0]}{why}")
         else:
-            problems.append(f"{name} is corrupt: not one line is a valid JSON record")
+            problems.append(f"{name} is corrupt: not one line is a valid JSON record{why}")
     return out
 
 
@@ -362,29 +372,37 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True, since: float |
     """Everything the run directory says now. Never fails on what a file holds: a corrupt file is left out and
     named in `problems` (a storage that cannot be read at all still raises StorageError).
 
-    `since` (the time the current attempt's machine was asked for) leaves out the exit records of jobs that started
-    before it and heartbeats written before it: a machine replaced after a preemption can still land its last
-    uploads after the runner cleared them, and its `cancelled` must not end the next attempt."""
+    `since` (the storage's own time when the current attempt's machine was asked for) leaves out exit records and
+    heartbeats stored before it: a machine replaced after a preemption can still land its last uploads after the
+    runner cleared them, and its `cancelled` must not end the next attempt. It is compared with each object's
+    `updated`, the storage's clock, never with a time the machine wrote: a VM's clock can be far off."""
     problems: list[str] = []
+
+    def current(info: ObjectInfo) -> bool:
+        return since is None or info.updated is None or info.updated >= since
+
     exits = [
         found
         for info in run_dir.list(contract.EXIT_DIR + "/")
-        if (found := read_record(run_dir, info.key, ExitRecord.from_json, problems)) is not None
-        and (since is None or (found.started_at if found.started_at is not None else found.finished_at) >= since)
+        if current(info) and (found := read_record(run_dir, info.key, ExitRecord.from_json, problems)) is not None
     ]
     metrics: list[dict[str, Any]] = []
     if with_metrics:
         data = run_dir.read_bytes(contract.METRICS) or b""
         metrics = parse_jsonl(data, where(run_dir, contract.METRICS), problems, lambda raw: raw)
-    beat = read_record(run_dir, contract.HEARTBEAT, Heartbeat.from_json, problems)
-    if beat is not None and since is not None and beat.time < since:
-        beat = None
+    beat: Heartbeat | None = None
+    beat_at: float | None = None
     beats: dict[int, Heartbeat] = {}
-    for info in run_dir.list(contract.HEARTBEATS_DIR + "/"):
+    for info in run_dir.list(contract.HEARTBEAT):  # `heartbeat` and heartbeats/worker-N.json, in one listing
+        if not current(info):
+            continue
+        if info.key == contract.HEARTBEAT:
+            beat, beat_at = read_record(run_dir, info.key, Heartbeat.from_json, problems), info.updated
+            continue
         worker = info.key.removeprefix(contract.HEARTBEATS_DIR + "/worker-").removesuffix(".json")
         if worker.isdigit() and info.key == contract.heartbeat_key(int(worker)):  # the file names the worker
             found_beat = read_record(run_dir, info.key, Heartbeat.from_json, problems)
-            if found_beat is not None and (since is None or found_beat.time >= since):
+            if found_beat is not None:
                 beats[int(worker)] = found_beat
     return Snapshot(
         sorted(exits, key=lambda e: e.worker),
@@ -394,4 +412,5 @@ def read_snapshot(run_dir: Storage, *, with_metrics: bool = True, since: float |
         problems,
         beat.progress if beat else None,
         beats,
+        beat_at if beat is not None else None,
     )

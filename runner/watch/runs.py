@@ -63,6 +63,8 @@ class RunRecord(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)  # the earlier attempts, oldest first (`runner resume`)
     started_at: float | None = None  # when this attempt began (created_at for the first)
     overrides: list[str] = Field(default_factory=list)  # this attempt's --set values
+    # What may still bill, and how to delete it, when a deletion failed or was not confirmed; None once it is gone.
+    still_billing: str | None = None
 
     def updated(self, **changes: Any) -> RunRecord:
         return self.model_copy(update=changes)
@@ -73,7 +75,15 @@ def _path(run_id: str) -> Path:
 
 
 def save(record: RunRecord) -> RunRecord:
-    write_atomic(_path(record.run_id), record.model_dump_json(indent=1).encode())
+    """Write the record; StorageError (exit 4) when this machine's disk refuses it (full, read-only)."""
+    path = _path(record.run_id)
+    try:
+        write_atomic(path, record.model_dump_json(indent=1).encode())
+    except OSError as exc:
+        raise StorageError(
+            f"cannot save the run record {path}: {exc.strerror or exc}",
+            hint="free some space on that disk, or point $RUNNER_HOME at another one",
+        ) from None
     return record
 
 

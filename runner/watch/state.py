@@ -50,12 +50,15 @@ def derive_state(
 ) -> RunState:
     """The run's state from its exit records, the runner's own record and the heartbeat.
 
-    A terminal state the runner recorded stands (LOST aside, which exit records may still overturn): the runner
-    decides it after reading every exit record, and what workers write while their machine is being stopped must
-    not change it. A run the user stopped stays cancelled; a run given up after its last preemption stays failed,
-    though its workers recorded `cancelled` as the VM shut down."""
+    A terminal state the runner recorded stands (LOST aside, which exit records of jobs that ended on their own may
+    still overturn): the runner decides it after reading every exit record, and what workers write while their
+    machine is being stopped must not change it. A run the user stopped stays cancelled; a run given up after its
+    last preemption stays failed, and one whose machine was stopped under it stays lost, though their workers
+    recorded `cancelled` as the VM shut down."""
     if recorded.is_terminal() and recorded != RunState.LOST:
         return recorded
+    if recorded == RunState.LOST and all(e.state == RunState.CANCELLED for e in snapshot.exits):
+        return recorded  # a stop's doing (SIGTERM), not how the job ended: what the runner saw says more
     if snapshot.exits and len(snapshot.exits) >= num_workers:
         return max((e.state for e in snapshot.exits), key=_SEVERITY.index)
     if snapshot.exits and any(e.state != RunState.SUCCEEDED for e in snapshot.exits):
@@ -64,7 +67,7 @@ def derive_state(
         return recorded
     age = snapshot.heartbeat_age_s
     beat = snapshot.heartbeat
-    if beat is not None and beat.age_s <= heartbeat_timeout_s and beat.phase != "exited":
+    if beat is not None and age is not None and age <= heartbeat_timeout_s and beat.phase != "exited":
         return RunState.RUNNING
     if machine_alive:
         return RunState.STARTING if age is None else RunState.RUNNING

@@ -8,6 +8,8 @@ files appear atomically (write, then rename), so a file is never uploaded half-w
 Checkpoints the trainer rotated away locally are deleted from storage too, after the uploads of the same pass (so
 the manifest that stopped naming them is already there), and only those this mirror uploaded or downloaded itself:
 a bucket keeps `keep` checkpoints, not every one a long run wrote, and never loses objects someone else put there.
+
+Logs (logs/worker-N.log) only grow: they travel by their new bytes, up to a cap (runner.worker.logsync).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from runner import contract
 from runner.errors import StorageError
 from runner.storage import Storage
 from runner.train.checkpoints import DEFAULT_KEEP, ManifestError, parse_manifest, parse_name
+from runner.worker.logsync import LOG_CAP_BYTES, LogSync
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,11 @@ def checkpoint_keep(environ: Mapping[str, str]) -> int:
 
 
 class Mirror:
-    def __init__(self, local: Path, storage: Storage, keep: int = DEFAULT_KEEP) -> None:
+    def __init__(self, local: Path, storage: Storage, keep: int = DEFAULT_KEEP, log_cap: int = LOG_CAP_BYTES) -> None:
         self.local = local
         self.storage = storage
         self.keep = keep
+        self.logs = LogSync(storage, log_cap)
         # Every key this mirror uploaded or downloaded, with the (size, mtime) it had then: what changed since, and
         # what it may delete.
         self._pushed: dict[str, tuple[int, int]] = {}
@@ -80,7 +84,7 @@ class Mirror:
         count = 0
         for _mtime, key, path, stamp in changed:
             try:
-                self.storage.upload_file(path, key)
+                self._upload(path, key)
             except FileNotFoundError:
                 continue
             self._pushed[key] = stamp
@@ -92,6 +96,12 @@ class Mirror:
             self.storage.delete(key)
             del self._pushed[key]
         return count
+
+    def _upload(self, path: Path, key: str) -> None:
+        if self.logs.handles(key):  # what it holds in storage: what was pushed or pulled of it before
+            self.logs.push(path, key, known=self._pushed.get(key, (0, 0))[0])
+        else:
+            self.storage.upload_file(path, key)
 
     def _pull(self, key: str) -> bool:
         """Download one object; False when it is missing or cannot be read (logged: one bad object must not stop

@@ -186,3 +186,25 @@ def test_the_job_environment_is_the_same_contract_on_every_backend(tmp_path: Pat
         backend_only
     )
     assert contract.DATA_DIR in cloud.env
+
+
+def test_a_daemon_the_job_started_outside_its_process_group_is_stopped_with_the_run(
+    tmp_path: Path, runner_home: Path
+) -> None:
+    """setsid (a new session, a new process group) is how a job's daemon escapes a process-group kill; the session
+    marker every process of the run inherits still finds it, and the runner says what it stopped."""
+    job = "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '600'], start_new_session=True)\nprint('started')\n"
+    done = subprocess.run(
+        [*RUNNER, "submit", str(command_job(tmp_path, job)), "--local", "--process"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stopped 1 process(es) the job left running outside its process group" in done.stdout
+    import re
+
+    (pid,) = [int(p) for p in re.findall(r"(\d+): sleep 600", done.stdout)]  # setsid(1) forked: its child sleeps
+    assert not container.process_alive(pid), "the job's daemon outlived the run"
+    assert not [p for p in container.marked_pids(container.SESSION, "cmd-") if container.process_alive(p)]

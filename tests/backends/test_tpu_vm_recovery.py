@@ -181,3 +181,43 @@ def test_gc_tries_every_orphan_and_reports_each(cloud) -> None:  # type: ignore[
     assert result.output.count("could not delete node") == 1 and result.output.count("deleted node") == 2
     assert "1 of 3 deletion(s) failed" in result.output
     assert len(cloud.nodes()) == 1
+
+
+def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_lost(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    """REPAIRING, HIDDEN, UNKNOWN: shown while the run is followed, and the job goes on. STOPPED (someone stopped the
+    node): the run is lost, saying why, and the node is deleted."""
+    import threading
+
+    body = 'command: [python, -c, "import time\\nfor i in range(120): print(i, flush=True); time.sleep(0.5)"]\n'
+    spec = job(tmp_path, bucket_url, body)
+
+    def meddle() -> None:
+        node = wait_for(lambda: next((n.node_id for n in cloud.nodes() if n.state == "READY"), None), what="READY")
+        run_dir = open_storage(cloud.node(node).metadata["tpu-runner-run-dir"])
+        wait_for(lambda: run_dir.read_bytes("heartbeat"), what="the job's heartbeat", timeout=60)
+        for state in ("REPAIRING", "HIDDEN", "UNKNOWN"):
+            cloud.maintain(node, state, seconds=2.0)
+            time.sleep(2.5)
+        cloud.stop_node(node)
+
+    thread = threading.Thread(target=meddle, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert result.exit_code == 6, result.output
+    assert "119" not in result.output  # the job did not get to its end
+    for shown in (
+        "REPAIRING (Cloud TPU is repairing it; the job may be restarted on it)",
+        "HIDDEN (hidden by Cloud TPU; the job does not run while it is)",
+        "UNKNOWN (the API does not say what it is doing)",
+        "was STOPPED before its job ended",
+    ):
+        assert shown in result.output, shown
+    run_id = run_id_of(result.output)
+    status = json.loads(CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False).output)
+    assert status["state"] == "lost"
+    record = json.loads((Path(os.environ["RUNNER_HOME"]) / "runs" / f"{run_id}.json").read_text())
+    assert "STOPPED" in record["reason"] and "a stopped node runs no job" in record["reason"]
+    assert not cloud.nodes()

@@ -64,7 +64,18 @@ MAYBE_NUMBER: Schema = {"type": ["number", "null"]}
 MAYBE_STRING: Schema = {"type": ["string", "null"]}
 STRINGS: Schema = {"type": "array", "items": STRING}
 ANY_OBJECT: Schema = {"type": "object"}
-STATES = ["pending", "provisioning", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "hung"]
+STATES = [
+    "pending",
+    "provisioning",
+    "starting",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
+    "hung",
+    "lost",
+]
 STATE: Schema = {"type": "string", "enum": [*STATES, "?"]}
 
 COST: Schema = {
@@ -138,6 +149,7 @@ STATUS: Schema = _object(
         "artifacts": {"type": "object", "additionalProperties": STRING},
         "checkpoints": {"type": "array", "items": CHECKPOINT},
         "cost": COST,
+        "still_billing": MAYBE_STRING,
         "startup": STARTUP,
         "attempts": {
             "type": "array",
@@ -173,6 +185,7 @@ LIST: Schema = _object(
                     "metrics_from": METRICS_FROM,
                     "cost": COST,
                     "cost_cell": STRING,
+                    "still_billing": MAYBE_STRING,
                 }
             ),
         },

@@ -72,6 +72,18 @@ SPEC_FILES: list[tuple[str, bytes | str, str]] = [
     ("nul.yaml", "name: a\x00\n", "the control character U+0000 is not allowed"),
     ("list.yaml", "- a\n- b\n", "not a list"),
     ("big.yaml", "a: " + "x" * MAX_SPEC_BYTES + "\n", "larger than 1024 KiB"),
+    # Values the bootstrap could not render (a Docker env file holds one variable per line): refused where read.
+    (
+        "env-newline.yaml",
+        JOB + 'env:\n  A: ok\n  GREETING: "hello\\nworld"\n',
+        "line 6: env.GREETING: an environment value",
+    ),
+    (
+        "env-block.yaml",
+        JOB + "env:\n  NOTE: |\n    two\n    lines\n",
+        "line 5: env.NOTE: an environment value cannot hold",
+    ),
+    ("env-nul.yaml", JOB + 'env: {X: "a\\0b"}\n', "env.X: an environment value cannot hold a line break or a NUL"),
 ]
 
 
@@ -256,9 +268,17 @@ RUN_FILES: list[tuple[str, str, str, str | None]] = [
     (contract.METRICS, "xx\nyy\n", "succeeded", "metrics.jsonl is corrupt"),
     (contract.METRICS, 'garbage\n{"epoch": 3}\n', "epoch 3", "metrics.jsonl: skipped 1 corrupt line(s)"),
     ("events/runner.jsonl", "garbage\n", "succeeded", "events/runner.jsonl is corrupt"),
-    ("events/worker-0.jsonl", '{"time": 1, "source": "w", "event": "x"}\n{"ti', "succeeded", None),
+    ("events/worker-0.jsonl", '{"time": 1800000000, "source": "w", "event": "x"}\n{"ti', "succeeded", None),
     ("events/worker-0.jsonl", '{"no": "event"}\n', "succeeded", "events/worker-0.jsonl is corrupt"),
-    ("events/worker-0.jsonl", '{"time": 1e300, "source": "w", "event": "late\\u001b[2J"}\n', "late?[2J (w, ?)", None),
+    (
+        "events/worker-0.jsonl",
+        '{"time": 1800000000, "source": "w", "event": "late\\u001b[2J"}\n',
+        "late?[2J (w, ",
+        None,
+    ),
+    # A time no clock reads (1e300, or 1970): a warning saying so, never a date, a span or an infinite cost.
+    ("events/worker-0.jsonl", '{"time": 1e300, "source": "w", "event": "x"}\n', "succeeded", "not a date between 2000"),
+    ("events/worker-0.jsonl", '{"time": 1, "source": "w", "event": "x"}\n', "succeeded", "time 1 is not a date"),
     ("exit/worker-0.json", "\x00\xff", "run directory", "exit/worker-0.json is corrupt: not JSON"),
     ("exit/worker-0.json", '{"worker": 0}', "run directory", "exit/worker-0.json is corrupt: 'state' is missing"),
     ("exit/worker-0.json", '{"worker": 0, "state": "odd", "exit_code": 0, "finished_at": 1}', "state", "odd"),
@@ -459,3 +479,37 @@ def test_read_snapshot_names_each_bad_file(tmp_path: Path) -> None:
     assert snapshot.summary is None and snapshot.heartbeat is None and snapshot.exits
     named: Callable[[str], bool] = lambda key: any(str(run_dir / key) in p for p in snapshot.problems)  # noqa: E731
     assert named("summary.json") and named("heartbeat") and named("exit/worker-1.json")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a full disk is a small tmpfs mounted for the test, which takes root")
+def test_a_full_disk_under_runner_home_is_one_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        fd = os.open(full / "fill", os.O_WRONLY | os.O_CREAT)
+        try:  # every last block: the disk is full
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        monkeypatch.setenv("RUNNER_HOME", str(full / "home"))
+        job = _write(tmp_path, "job.yaml", JOB + f"storage: {tmp_path / 'store'}\n")
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.cli", "submit", str(job), "--local"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        said = done.stdout + done.stderr
+        assert done.returncode == 4, said
+        assert "Traceback" not in said
+        assert said.count("error: ") == 1 and "No space left on device" in said
+        assert "point $RUNNER_HOME at another one" in said
+    finally:
+        subprocess.run(["umount", str(full)], check=False)

@@ -3,6 +3,7 @@ events. Every figure is checked against arithmetic done here by hand, not agains
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,9 @@ def test_gather_reads_the_cost_from_the_run_directory(tmp_path: Path) -> None:
         {"time": T0 + 140, "source": "trainer-0", "event": "first_step"},
     ]
     (run_dir / "events" / "trainer-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trainer))
+    for name, written in (("runner", runner_events), ("bootstrap-0", boot), ("trainer-0", trainer)):
+        last = written[-1]["time"]  # each writer uploads its file as it adds an event: stored at its last event's time
+        os.utime(run_dir / "events" / f"{name}.jsonl", (last, last))
     record = RunRecord(
         run_id="r-1", job="j", backend="tpu-vm", run_dir=str(run_dir), created_at=T0 - 1, state=RunState.SUCCEEDED
     )
@@ -165,3 +169,51 @@ def test_startup_and_timeline_of_a_machine_replaced_after_a_preemption() -> None
         ("queue/provision", 2),
     ]
     assert [m.label for m in timeline.markers] == ["preempted", "machine 2"]
+
+
+def test_a_deletion_that_failed_keeps_the_node_billing_until_a_later_one() -> None:
+    price = price_for("v2-8", spot=False)
+    assert price is not None
+    events = [
+        ev(10, "provisioned", handle=NODE),
+        ev(100, "delete_requested", "bootstrap-0"),
+        ev(101, "teardown_requested", state="succeeded"),
+        ev(103, "delete_failed", error="Permission 'tpu.nodes.delete' denied"),  # the node is READY again
+    ]
+    still = run_cost([*events, ev(105, "delete_requested", "bootstrap-0")], price, now=T0 + 400)  # refused as well
+    assert still.open and still.seconds == pytest.approx(390) and still.spans[0].ended_by == "still READY"
+    down = [ev(500, "down_requested", "runner-down"), ev(503, "down_done", "runner-down", confirmed=True)]
+    later = run_cost([*events, *down], price, now=T0 + 900)
+    assert not later.open and later.seconds == pytest.approx(490) and later.spans[0].ended_by == "deleted"
+
+
+def test_the_api_s_ready_time_starts_the_span_and_spans_stay_within_what_can_be() -> None:
+    price = price_for("v2-8", spot=False)
+    assert price is not None
+    ready = ev(10, "provisioned", handle=NODE, ready_at=T0 + 9.2)  # the create operation's end, by the API's clock
+    spans = run_cost([ready, ev(16.5, "teardown_requested")], price, now=T0 + 60).spans
+    assert spans[0].start == T0 + 9.2 and spans[0].seconds == pytest.approx(7.3)
+    # A close request dated after `now` (a clock ahead, not put right) never bills past now.
+    ahead = run_cost(
+        [ev(10, "provisioned", handle=NODE), ev(3610, "delete_requested", "bootstrap-0")], price, now=T0 + 20
+    )
+    assert ahead.seconds == pytest.approx(10)
+
+
+def test_an_absurd_event_time_is_a_warning_never_an_infinite_cost(tmp_path: Path) -> None:
+    import json
+
+    run_dir = tmp_path / "run"
+    (run_dir / "events").mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(yaml.safe_dump({"accelerator": {"type": "v2-8"}}))
+    lines = [
+        {"time": T0, "source": "runner", "event": "provisioned", "handle": NODE},
+        {"time": 1e308, "source": "runner", "event": "teardown_requested"},
+        {"time": T0 + 6, "source": "runner", "event": "teardown_requested"},
+    ]
+    (run_dir / "events" / "runner.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    os.utime(run_dir / "events" / "runner.jsonl", (T0 + 6, T0 + 6))
+    record = RunRecord(run_id="r-1", job="j", backend="tpu-vm", run_dir=str(run_dir), created_at=T0 - 1)
+    facts = gather(record, open_storage(str(run_dir)), now=T0 + 100)
+    assert facts.cost is not None and facts.cost.seconds == pytest.approx(6) and facts.cost.usd < 0.01
+    assert any("line 2 (time 1e+308 is not a date between 2000 and 2100)" in w for w in facts.warnings)

@@ -428,3 +428,45 @@ def test_docker_stop_ends_a_running_container(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_clock_skew_fault_gives_the_vm_its_own_clock_and_leaves_the_api_s(quick_emulator: TpuEmulator) -> None:
+    """What the VM writes carries its clock (`date` in its startup script, time.time() in its containers); the API's
+    timestamps (createTime) stay on the emulator's."""
+    quick_emulator.clock_skew(3600, count=1)
+    client = tpu_client(quick_emulator)
+    script = (  # the VM's date, then a container's supervisor, which stamps its exit record with time.time()
+        "date +%s > vm-date.tmp && mv vm-date.tmp vm-date\n"
+        f'docker run --rm -e RUNNER_RUN_DIR="$PWD/run" -e \'RUNNER_COMMAND=["true"]\' {IMAGE} && touch ran\n'
+    )
+    before = time.time()
+    name = boot(client, "skewed", script)
+    vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
+    vm_date = int(wait_file(vm.directory / "vm-date"))
+    wait_file(vm.directory / "ran")
+    written = json.loads((vm.directory / "run" / contract.exit_key(0)).read_text())["finished_at"]
+    assert 3590 < vm_date - before < 3660 and 3590 < written - before < 3660
+    created = client.get_node(name=name).create_time.timestamp()
+    assert before - 2 < created < time.time() + 2
+
+
+def test_a_node_can_be_stopped_or_shown_in_a_maintenance_state(quick_emulator: TpuEmulator) -> None:
+    client = tpu_client(quick_emulator)
+    name = boot(client, "maintained", "echo up > up\nwhile true; do sleep 0.1; done\n")
+    vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
+    wait_file(vm.directory / "up")
+    quick_emulator.maintain("maintained", "REPAIRING", seconds=0.5)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.REPAIRING
+    time.sleep(0.7)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.READY and container.process_alive(vm.pid)
+    quick_emulator.stop_node("maintained")
+    assert client.get_node(name=name).state == tpu_v2.Node.State.STOPPING
+    deadline = time.monotonic() + 10
+    while client.get_node(name=name).state != tpu_v2.Node.State.STOPPED:
+        assert time.monotonic() < deadline, "never STOPPED"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while container.process_alive(vm.pid):
+        assert time.monotonic() < deadline, "the stopped node's VM still runs"
+        time.sleep(0.1)
+    client.delete_node(name=name).result(polling=FAST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,37 @@ def test_quick_case_ends_as_expected_and_leaks_nothing(suite, name: str) -> None
 # `python -m faults`: its full-size epochs take over a minute and a half. The suite keeps the same promise, measured
 # with the same faults.measure on the trainer log, in tests/backends/test_tpu_vm.py::
 # test_preemptions_recreate_the_node_and_training_resumes_losing_nothing, on epochs small enough for a test.
+
+
+def test_the_proxy_makes_cloud_storage_unreachable_and_counts_what_is_sent(gcs_server: str) -> None:
+    import requests
+
+    with FlakyProxy(gcs_server) as proxy:
+        health = f"{proxy.url}/storage/v1/b/runner-test"
+        assert requests.get(health, timeout=5).status_code == 200
+        proxy.outage("reset")
+        with pytest.raises(requests.ConnectionError):
+            requests.get(health, timeout=5)
+        proxy.heal()
+        proxy.outage("blackhole", seconds=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(requests.ConnectionError):  # no answer: dropped once the black hole closes
+            requests.get(health, timeout=5)
+        assert 0.9 < time.monotonic() - t0 < 4
+        assert requests.get(health, timeout=5).status_code == 200  # over by itself
+        requests.post(
+            f"{proxy.url}/upload/storage/v1/b/runner-test/o?uploadType=media&name=x", data=b"12345", timeout=5
+        )
+    assert [r.status for r in proxy.requests] == [200, 0, 0, 200, 200]
+    assert proxy.requests[-1].size == 5 and proxy.requests[-1].object_name == "x"
+
+
+def test_billed_spans_come_from_the_api_s_own_timestamps() -> None:
+    node = "projects/p/locations/z/nodes/n"
+    ops = [
+        measure.ApiOperation("create", node, 100.0, 130.0, failed=False),
+        measure.ApiOperation("delete", node, 150.0, 153.0, failed=True),  # back READY: still billing
+        measure.ApiOperation("delete", node, 160.0, 170.0, failed=False),
+        measure.ApiOperation("create", node, 200.0, 230.0, failed=False),  # a recreated node, never deleted
+    ]
+    assert measure.billed_spans(ops, node) == [(130.0, 160.0), (230.0, None)]

@@ -27,17 +27,25 @@ RUNNER = [sys.executable, "-m", "runner.cli"]
 
 
 class Machine:
-    """A backend whose machine is in whatever state the test says (the Watchdog only asks for status)."""
+    """A backend whose machine is in whatever state the test says (the Watchdog only asks for it, and for the
+    provider's own name of it, to show)."""
 
     ephemeral = False
 
-    def __init__(self, state: MachineState = MachineState.RUNNING) -> None:
+    def __init__(self, state: MachineState = MachineState.RUNNING, native: str | None = None) -> None:
         self.state = state
+        self.native = native
         self.asked = 0
 
     def status(self, handle: Any) -> MachineState:
         self.asked += 1
         return self.state
+
+    def observe(self, handle: Any) -> tuple[MachineState, str | None]:
+        return self.status(handle), self.native
+
+    def describe_handle(self, handle: Any) -> str:
+        return "the test's machine"
 
 
 def plan_with(tmp_path: Path, teardown: str) -> Any:
@@ -225,3 +233,47 @@ def test_a_job_without_progress_is_stopped_as_hung(tmp_path: Path, runner_home: 
     assert took < 60, f"the hung job was stopped only after {took:.0f}s"
     (record_path,) = (runner_home / "runs").glob("*.json")
     assert json.loads(record_path.read_text())["state"] == "hung"
+
+
+def test_time_out_of_sight_of_the_run_directory_is_no_evidence(tmp_path: Path) -> None:
+    """While the run directory cannot be read, the judgements that hang on it (a silent boot, a heartbeat that
+    stopped changing) do not advance: their clock stands still. The runner's own deadline does not wait."""
+    from runner.errors import StorageUnreachable
+    from runner.watch.follow import Sight
+
+    said: list[str] = []
+    sight = Sight(said.append, 0.1)
+    plan = plan_with(tmp_path, "boot_timeout: 10, max_runtime: 600")
+    dog = Watchdog(plan, Machine(), None, status_every_s=3600, sight=sight)
+    sight.lost(StorageUnreachable("no answer"))
+    dog.ready_at -= 5
+    blind_at = sight.clock()
+    time.sleep(0.3)
+    assert sight.clock() == pytest.approx(blind_at, abs=0.01)  # stands still while blind
+    assert dog.check(snapshot()) is None
+    sight.back()
+    assert "The run's state is unknown, not over" in said[0] and said[-1].startswith("the run directory can be read")
+    dog.ready_at -= 6  # 11 s of sight in all: now it is silent
+    assert dog.check(snapshot()) == Verdict.SILENT
+    dog.plan = dataclasses.replace(plan, deadline=time.time() - 1)
+    sight.lost(StorageUnreachable("no answer"))
+    assert dog.check(snapshot()) == Verdict.DEADLINE
+
+
+def test_the_api_s_word_on_the_machine_is_shown_as_it_changes(tmp_path: Path) -> None:
+    machine = Machine(native="READY")
+    said: list[str] = []
+    dog = Watchdog(plan_with(tmp_path, "max_runtime: 600"), machine, None, status_every_s=0, say=said.append)
+    dog.on_event(event("worker-0", "worker_started"))
+    for native in ("READY", "REPAIRING", "REPAIRING", "HIDDEN", "UNKNOWN", "READY"):
+        machine.native = native
+        assert dog.check(snapshot()) is None  # none of them is gone: the job may well go on
+    assert said == [
+        "the test's machine: REPAIRING (Cloud TPU is repairing it; the job may be restarted on it)",
+        "the test's machine: HIDDEN (hidden by Cloud TPU; the job does not run while it is)",
+        "the test's machine: UNKNOWN (the API does not say what it is doing)",
+        "the test's machine: READY (back)",
+    ]
+    machine.state, machine.native = MachineState.STOPPED, "STOPPED"
+    assert dog.check(snapshot()) == Verdict.MACHINE_GONE
+    assert "was STOPPED before its job ended" in dog.gone_reason()

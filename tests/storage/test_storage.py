@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from runner.errors import StorageError
+from runner.errors import BucketMissing, StorageError, StorageUnreachable
 from runner.storage import Storage, open_storage
 from runner.worker.mirror import Mirror
+from tpu_emulator.flaky_proxy import FlakyProxy
 
 
 @pytest.fixture(params=["local", "gcs"])
@@ -111,3 +113,65 @@ def test_gcs_missing_bucket_is_a_clear_error(gcs: str) -> None:
 def test_bad_gcs_url() -> None:
     with pytest.raises(StorageError):
         open_storage("gs://UPPER")
+
+
+def test_append_adds_to_the_object_and_refuses_a_wrong_size(storage: Storage) -> None:
+    storage.append("logs/worker-0.log", b"hello ", at=0)
+    storage.append("logs/worker-0.log", b"world\n", at=6)
+    assert storage.read_bytes("logs/worker-0.log") == b"hello world\n"
+    assert storage.read_bytes("logs/worker-0.log", start=6) == b"world\n"  # a follower's ranged read, as before
+    with pytest.raises(StorageError):
+        storage.append("logs/worker-0.log", b"more", at=3)  # not what it holds: the writer uploads it whole
+    assert [o.key for o in storage.list("logs/")] == ["logs/worker-0.log"]  # no part object is ever listed
+
+
+def test_list_says_when_each_object_was_stored_by_the_storage_clock(storage: Storage) -> None:
+    import time
+
+    before = time.time()
+    storage.write_bytes("heartbeat", b"{}")
+    (info,) = storage.list("heartbeat")
+    assert info.updated is not None and before - 1 <= info.updated <= time.time() + 1
+
+
+@pytest.fixture
+def proxied(gcs: str) -> Iterator[tuple[FlakyProxy, str]]:
+    """A run directory reached through a proxy that can make Cloud Storage unreachable."""
+    with FlakyProxy(gcs) as proxy:
+        yield proxy, f"gs://runner-test/{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize("mode", ["reset", "blackhole"])
+def test_an_unreachable_storage_is_unknown_within_its_patience(
+    proxied: tuple[FlakyProxy, str], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    import time
+
+    proxy, url = proxied
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    store = open_storage(url, patience_s=4)
+    store.write_bytes("exit/worker-0.json", b"{}")
+    proxy.outage(mode)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    with pytest.raises(StorageUnreachable) as caught:
+        store.list("exit/")
+    assert time.monotonic() - t0 < 4 + 4  # its patience, and one request's timeout (half of it) at most past it
+    assert "cannot reach Cloud Storage to list" in caught.value.message
+    proxy.heal()
+    assert [o.key for o in store.list("exit/")] == ["exit/worker-0.json"]
+
+
+def test_a_deleted_bucket_is_a_definite_answer(gcs: str) -> None:
+    from google.cloud import storage as gcs_client
+
+    name = f"gone-{uuid.uuid4().hex[:8]}"
+    gcs_client.Client().create_bucket(name)
+    store = open_storage(f"gs://{name}/runs/r")
+    store.write_bytes("run.json", b"{}")
+    bucket = gcs_client.Client().bucket(name)
+    for blob in list(bucket.list_blobs()):
+        blob.delete()
+    bucket.delete()
+    for action in (lambda: store.list("exit/"), lambda: store.write_bytes("x", b"1")):
+        with pytest.raises(BucketMissing, match=f"bucket '{name}' does not exist"):
+            action()

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from runner.backends.tpu_api import TpuApi
 from runner.cli import app
 from runner.storage import open_storage
-from tests.conftest import FAST_TIMINGS
+from tests.conftest import FAST_TIMINGS, REPO
+from tpu_emulator.flaky_proxy import FlakyProxy
 
 PROJECT, ZONE = "test-project", "us-central1-b"
 IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
@@ -56,18 +57,24 @@ def gc(*args: str) -> object:
     return CliRunner().invoke(app, ["gc", "--project", PROJECT, "--zone", ZONE, *args], catch_exceptions=False)
 
 
-def test_gc_deletes_only_orphans(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+def test_gc_deletes_only_orphans(api: TpuApi, tpu_emulator, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     managed = {"managed-by": "tpu-runner"}
     now = int(time.time())
+    # A job is lost when Cloud Storage has stored no heartbeat of it for sweep_stale_heartbeat_s by the API's clock
+    # (8 s here): whatever time the VM wrote into it (an hour ahead, for the busy one) says nothing.
+    monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS + ",sweep_stale_heartbeat_s=8")
     finished = run_dir_with({"run.json": b'{"num_workers": 1}', "exit/worker-0.json": b'{"state": "succeeded"}'})
-    busy = run_dir_with({"run.json": b'{"num_workers": 1}', "heartbeat": json.dumps({"time": now}).encode()})
-    stale = run_dir_with({"run.json": b'{"num_workers": 1}', "heartbeat": json.dumps({"time": now - 3600}).encode()})
+    stale = run_dir_with({"run.json": b'{"num_workers": 1}', "heartbeat": json.dumps({"time": now}).encode()})
+    stored = time.monotonic()
+    busy = run_dir_with({"run.json": b'{"num_workers": 1}'})
     make_node(api, "past-deadline", labels={**managed, "tpu-runner-run": "a", "tpu-runner-deadline": str(now - 60)})
     make_node(api, "run-finished", labels={**managed, "tpu-runner-run": "b"}, run_dir=finished)
     make_node(api, "still-training", labels={**managed, "tpu-runner-run": "c"}, run_dir=busy)
     make_node(api, "lost-job", labels={**managed, "tpu-runner-run": "d"}, run_dir=stale)
     make_node(api, "preempted", labels={**managed, "tpu-runner-run": "e"})
     make_node(api, "someone-elses", labels={"team": "research"})
+    time.sleep(max(0.0, stored + 10 - time.monotonic()))
+    open_storage(busy).write_bytes("heartbeat", json.dumps({"time": now + 3600}).encode())
     tpu_emulator.preempt("preempted")
 
     listing = gc("--dry-run")
@@ -213,3 +220,128 @@ def test_down_deletes_a_queued_runs_queued_resource_with_force_once(api: TpuApi,
     assert [(r.path.rsplit("/", 1)[1], r.query.get("force")) for r in deletes] == [(run_id, "true")]
     again = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
     assert again.exit_code == 0  # idempotent
+
+
+def detached(tmp_path: Path, seconds: int = 300) -> str:
+    """A run started with --detach whose job works for `seconds`; its run id."""
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: long
+        image: {IMAGE}
+        command: [python, -c, "import time; print('working', flush=True); time.sleep({seconds})"]
+        accelerator: {{type: v2-8, zone: {ZONE}, project: {PROJECT}}}
+        storage: gs://runner-test/{uuid.uuid4().hex[:8]}
+        """)
+    )
+    started = CliRunner().invoke(app, ["submit", str(spec), "--detach"], catch_exceptions=False)
+    assert started.exit_code == 0, started.output
+    return re.search(r"started (\S+) in the background", started.output).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["reset", "blackhole"])
+def test_down_deletes_from_the_run_record_alone_when_storage_is_out_of_reach(  # type: ignore[no-untyped-def]
+    api: TpuApi, tpu_emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gcs: str, mode: str
+) -> None:
+    """Nothing but the API and the local record: the DELETE goes first, and the run directory that cannot be told
+    is said after it (exit 4), never instead of it."""
+    with FlakyProxy(gcs) as proxy:  # the runner's way to Cloud Storage; the VM's is its own
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS + ",storage_patience_s=3")
+        run_id = detached(tmp_path)
+        proxy.outage(mode)  # type: ignore[arg-type]
+        t0 = time.time()
+        down = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+        deletes = [r.time - t0 for r in tpu_emulator.requests if r.method == "DELETE" and r.time >= t0]
+        assert down.exit_code == 4, down.output
+        assert deletes and deletes[0] < 2.0  # before any storage access: none can hold it up
+        assert f"TPU node {run_id} is gone" in down.output
+        assert f"{run_id} is down, but its run directory could not be told so" in down.output
+        assert not tpu_emulator.nodes()
+        proxy.heal()
+        status = CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False)
+        assert json.loads(status.output)["state"] == "cancelled"
+
+
+def test_down_exits_non_zero_while_the_node_is_not_confirmed_gone(  # type: ignore[no-untyped-def]
+    api: TpuApi, tpu_emulator, tmp_path: Path
+) -> None:
+    """A node stuck DELETING and the wait interrupted: `down` says it may still bill and exits 5; the run is marked
+    as still billing (`+`, the node, the retry) until a later `down` confirms it gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run_id = detached(tmp_path)
+    tpu_emulator.slow_delete(30)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "down", run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "deleting TPU node" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out = proc.stdout.read()
+    assert proc.wait(60) == 5, out
+    assert "may still bill" in out and "is down" not in out
+    listed = json.loads(CliRunner().invoke(app, ["list", "--json"], catch_exceptions=False).output)["runs"][0]
+    assert listed["cost_cell"].endswith("+") and run_id in listed["still_billing"]
+    assert f"runner down {run_id}" in listed["still_billing"]
+    deadline = time.monotonic() + 60
+    while tpu_emulator.nodes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    again = CliRunner().invoke(app, ["down", run_id], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    listed = json.loads(CliRunner().invoke(app, ["list", "--json"], catch_exceptions=False).output)["runs"][0]
+    assert listed["still_billing"] is None
+
+
+def test_gc_sweeps_every_zone_it_can_and_reports_the_one_it_cannot(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+    old = {"managed-by": "tpu-runner", "tpu-runner-deadline": str(int(time.time()) - 60)}
+    zones = ["us-central1-b", "us-central1-c", "europe-west4-a"]
+    for i, zone in enumerate(zones):
+        tpu_emulator.create_node_direct(PROJECT, zone, f"old-{i}", labels=old)
+    for status in (500, 404):  # a zone the project may not use, a server error: the others are swept all the same
+        tpu_emulator.http_errors(status, None, method="GET", path=r"/locations/us-central1-c/")
+        swept = CliRunner().invoke(app, ["gc", "--project", PROJECT, *(f"--zone={z}" for z in zones)])
+        tpu_emulator.clear_faults("http")
+        assert swept.exit_code == 5, swept.output
+        assert re.search(r"could not list us-central1-c: .*; skipped it, swept the others", swept.output)
+        assert "1 zone(s) could not be listed (us-central1-c)" in swept.output
+    assert sorted(n.node_id for n in tpu_emulator.nodes()) == ["old-1"]
+
+
+def test_gc_judges_liveness_on_the_apis_clock_not_its_own(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+    """A runner whose clock is 15 minutes ahead: a job that stored its heartbeat a moment ago is in use."""
+    import os
+    import subprocess
+    import sys
+
+    from tpu_emulator.vm import CLOCK_SKEW
+
+    busy = run_dir_with({"run.json": b'{"num_workers": 1}', "heartbeat": json.dumps({"time": time.time()}).encode()})
+    make_node(api, "busy", labels={"managed-by": "tpu-runner", "tpu-runner-run": "c"}, run_dir=busy)
+    ahead = {  # this machine's Python, its clock 15 min ahead (the emulator's skewed-VM sitecustomize)
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tpu_emulator.launcher.python_dir), str(REPO)]),
+        CLOCK_SKEW: "900",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "gc", "--project", PROJECT, "--zone", ZONE, "--dry-run"],
+        env=ahead,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"node busy\s+.*in use: kept", done.stdout), done.stdout
+    skewed = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"], env=ahead, capture_output=True, text=True
+    )
+    assert float(skewed.stdout) - time.time() > 890  # the clock really was ahead
