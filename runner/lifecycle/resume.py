@@ -11,16 +11,12 @@ own max_runtime from now on.
 
 from __future__ import annotations
 
-import time
-
 from runner import contract
-from runner.errors import StorageError, UsageError
-from runner.plan.planner import Plan
+from runner.errors import RunnerError, StorageError, UsageError
 from runner.spec import JobSpec
-from runner.spec.loader import dump_spec, load_spec_text
+from runner.spec.loader import load_spec_text
 from runner.storage import Storage
-from runner.watch import runs
-from runner.watch.runs import Attempt, RunRecord
+from runner.watch.runs import RunRecord
 from runner.watch.state import RunState
 
 RESUMABLE = frozenset({RunState.CANCELLED, RunState.FAILED, RunState.TIMED_OUT, RunState.HUNG, RunState.LOST})
@@ -50,38 +46,16 @@ def recorded_spec(storage: Storage, run_dir: str, overrides: list[str]) -> JobSp
     return load_spec_text(raw.decode(errors="replace"), f"{run_dir}/{contract.SPEC}", overrides)
 
 
-def continue_record(plan: Plan, storage: Storage, previous: RunRecord, overrides: list[str]) -> RunRecord:
-    """The record of the new attempt, its predecessor in the history; spec.yaml and run.json rewritten, and what
-    the earlier attempt's workers left that would judge this one (exit records, heartbeats, summary) removed."""
-    earlier = Attempt(
-        started_at=previous.started_at or previous.created_at,
-        finished_at=previous.finished_at,
-        state=previous.state,
-        reason=previous.reason,
-        backend=previous.backend,
-        overrides=previous.overrides,
-    )
-    record = previous.updated(
-        backend=plan.backend,
-        spec_path=plan.spec_path,
-        deadline=plan.deadline,
-        num_workers=plan.num_workers,
-        state=RunState.PENDING,
-        finished_at=None,
-        handle={},
-        reason=None,
-        attempts=[*previous.attempts, earlier],
-        started_at=time.time(),
-        overrides=list(overrides),
-    )
-    stale = [
-        *storage.list(contract.EXIT_DIR + "/"),
-        *storage.list(contract.HEARTBEATS_DIR + "/"),
-    ]
-    for info in stale:
-        storage.delete(info.key)
-    for key in (contract.SUMMARY, contract.HEARTBEAT):
-        storage.delete(key)
-    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
-    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
-    return runs.save(record)
+def resume_note(storage: Storage) -> str:
+    """What the next attempt continues from, as the run directory shows it: a job that wrote no checkpoints is not
+    promised a resume."""
+    try:
+        saved = [o for o in storage.list(contract.CHECKPOINTS + "/") if not o.key.rpartition("/")[2].startswith(".")]
+    except RunnerError:
+        return "the job resumes from its newest checkpoint, if it wrote one (the run directory cannot be read now)"
+    if not saved:
+        return (
+            f"the job starts over: it wrote no checkpoints to {contract.CHECKPOINT_DIR} "
+            "(runner.train.keras_callbacks() writes them)"
+        )
+    return "the job resumes from its newest checkpoint"

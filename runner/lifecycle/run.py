@@ -34,11 +34,13 @@ from typing import Any
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
+from runner.lifecycle.records import continue_record, start_record
+from runner.lifecycle.resume import resume_note
 from runner.lifecycle.watchdog import STOPPED_STATES, Verdict, Watchdog, stopped_reason
 from runner.plan.planner import Plan
-from runner.spec.loader import dump_spec
-from runner.storage import Storage, open_storage
+from runner.storage import open_storage
 from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.timings import Timings
 from runner.watch import runs
@@ -69,65 +71,12 @@ def should_delete(policy: str, state: RunState, attached: bool) -> bool:
     return True
 
 
-def start_record(plan: Plan, storage: Storage) -> RunRecord:
-    """Write the resolved spec and run.json to the run directory and the local record, before anything is
-    created: whatever happens next, the run can be found and inspected."""
-    record = RunRecord(
-        run_id=plan.run_id,
-        job=plan.spec.name,
-        backend=plan.backend,
-        run_dir=plan.run_dir,
-        spec_path=plan.spec_path,
-        created_at=plan.created_at,
-        deadline=plan.deadline,
-        num_workers=plan.num_workers,
-    )
-    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
-    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
-    return runs.save(record)
-
-
-def share_data(plan: Plan, say: Callable[[str], None]) -> None:
-    """This machine's data cache beside the run directory, where a TPU VM's job finds it ($RUNNER_DATA_URL:
-    runner.datasets reads it into the job's own cache), copied once per storage: `load_dataset("mnist")` then works
-    on the VM as it does here, with no download from a host the VM may not reach."""
-    url = plan.env.get(contract.DATA_URL)
-    from runner import datasets
-
-    local = datasets.mnist_path(fetch=False) if url else None
-    if url is None or local is None:
-        return
-    target = open_storage(url)
-    try:
-        present = {o.key: o.size for o in target.list(datasets.MNIST_NPZ)}
-        if present.get(datasets.MNIST_NPZ) != local.stat().st_size:
-            target.upload_file(local, datasets.MNIST_NPZ)
-            say(f"copied the data cache's {datasets.MNIST_NPZ} to {url}/ for the job")
-    except (RunnerError, OSError) as exc:  # the job can still download it itself, or read its own data
-        say(f"warning: could not copy the data cache to {url}: {exc}")
-
-
 def _show_event(event: Event, say: Callable[[str], None]) -> None:
     """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
     if event.source.startswith("runner"):
         return
     detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
     say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
-
-
-def resume_note(storage: Storage) -> str:
-    """What the next attempt continues from, as the run directory shows it: a job that wrote no checkpoints is not
-    promised a resume."""
-    try:
-        saved = [o for o in storage.list(contract.CHECKPOINTS + "/") if not o.key.rpartition("/")[2].startswith(".")]
-    except RunnerError:
-        return "the job resumes from its newest checkpoint, if it wrote one (the run directory cannot be read now)"
-    if not saved:
-        return (
-            f"the job starts over: it wrote no checkpoints to {contract.CHECKPOINT_DIR} "
-            "(runner.train.keras_callbacks() writes them)"
-        )
-    return "the job resumes from its newest checkpoint"
 
 
 class _Retry(Exception):
@@ -159,8 +108,6 @@ class Run:
         if previous is None:
             self.record = start_record(plan, self.storage)
         else:  # `runner resume`: a new attempt of a run that ended short (runner.lifecycle.resume)
-            from runner.lifecycle.resume import continue_record
-
             self.record = continue_record(plan, self.storage, previous, overrides or [])
         self.sight = Sight(say, self.poll_s)
         self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
