@@ -52,7 +52,7 @@ class LocalBackend(Backend[LocalHandle]):
     name = "local"
     ephemeral = True
 
-    def __init__(self, prefer: container.Mode | None = None) -> None:
+    def __init__(self, prefer: container.Prefer | None = None) -> None:
         self.prefer = prefer
         self._launches: dict[str, container.Launch] = {}
         self.procs: dict[int, Any] = {}  # pid -> Popen, while this process is the parent
@@ -125,8 +125,8 @@ class LocalBackend(Backend[LocalHandle]):
 
     def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
         """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them."""
-        if handle.mode == "docker":
-            container.stop_container(handle.container_name, grace_s)
+        if handle.mode != "process":
+            container.stop_container(handle.mode, handle.container_name, grace_s)
         for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
             if container.process_alive(pid, ticks) or container.group_alive(pid):
                 container.stop_group(pid, grace_s)
