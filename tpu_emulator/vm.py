@@ -21,10 +21,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.backends import container
+from runner.backends.engine import Engine
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
 # host:port where process 0 of a multi-host slice (or of every slice of a multislice) serves JAX's distributed
@@ -95,12 +97,21 @@ class VmProcess:
 
 
 class VmGroup:
-    """The VMs (one per worker) of one node boot; `stop` ends all of their processes."""
+    """The VMs (one per worker) of one node boot; `stop` ends all of their processes (and containers)."""
 
-    def __init__(self, node: str, marker_prefix: str, processes: list[VmProcess]) -> None:
+    def __init__(
+        self,
+        node: str,
+        marker_prefix: str,
+        processes: list[VmProcess],
+        engine: Engine | None = None,
+        roots: Iterable[Path] = (),
+    ) -> None:
         self.node = node
         self.marker_prefix = marker_prefix
         self.processes = processes
+        self.engine = engine  # the VMs run real containers under it (tpu_emulator.vm_engine)
+        self.engine_roots: tuple[Path, ...] = tuple(roots)
         self._lock = threading.Lock()
         self._stopping = False
         self._stopped = threading.Event()
@@ -134,6 +145,11 @@ class VmGroup:
             for p in self.processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.popen.wait(5)
+            if self.engine is not None:
+                from tpu_emulator import vm_engine
+
+                markers = [f"{self.marker_prefix}{p.worker}" for p in self.processes]
+                vm_engine.cleanup(self.engine, markers, list(self.engine_roots))
         finally:
             self._stopped.set()
 
@@ -141,10 +157,11 @@ class VmGroup:
 class VmLauncher:
     """Boots the VMs of READY nodes under `workdir` and keeps track of every one, to stop them all at the end."""
 
-    def __init__(self, workdir: Path, emulator_id: str, gcs_endpoint: str | None) -> None:
+    def __init__(self, workdir: Path, emulator_id: str, gcs_endpoint: str | None, engine: Engine | None = None) -> None:
         self.workdir = workdir
         self.emulator_id = emulator_id
         self.gcs_endpoint = gcs_endpoint
+        self.engine = engine  # None: the VMs run containers as processes (docker_shim); else under this engine
         self.endpoint = ""  # the emulator's http://host:port, set once the server listens
         self._boots = itertools.count(1)
         self._groups: list[VmGroup] = []
@@ -166,6 +183,10 @@ class VmLauncher:
             f'exec {shlex.quote(sys.executable)} -m tpu_emulator.docker_shim "$@"\n'
         )
         script.chmod(0o755)
+
+    def engine_root(self, marker: str) -> Path:
+        """One VM boot's own image store (Podman): a new disk per boot, never shared with another VM."""
+        return self.workdir / ".emulator" / "engine" / marker.replace(":", "-")
 
     def vm_dir(self, project: str, zone: str, node_id: str, worker: int) -> Path:
         return self.workdir / project / zone / node_id / f"worker-{worker}"
@@ -198,6 +219,10 @@ class VmLauncher:
             env["STORAGE_EMULATOR_HOST"] = self.gcs_endpoint
         if coordinator:
             env[COORDINATOR] = coordinator
+        if self.engine is not None:
+            from tpu_emulator import vm_engine
+
+            env.update(vm_engine.vm_env(self.engine, self.engine_root(marker)))
         return env
 
     def boot(
@@ -230,7 +255,8 @@ class VmLauncher:
                     start_new_session=True,
                 )
             processes.append(VmProcess(worker, popen, directory, env["HOSTNAME"]))
-        group = VmGroup(name, prefix, processes)
+        roots = [self.engine_root(f"{prefix}{worker}") for worker in range(hosts)] if self.engine else []
+        group = VmGroup(name, prefix, processes, self.engine, roots)
         with self._lock:
             self._groups.append(group)
         return group
