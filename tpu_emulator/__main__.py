@@ -114,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     if registry is not None and engine is not None:
         print(f"  export RUNNER_REGISTRY_ENDPOINT={registry.endpoint}   # the registry the VMs pull from")
         print(f"\nThe VMs run containers under {engine.title}. Push an image for them, e.g.:\n")
-        print(f"  {args.engine} push trainer-cpu:TAG {registry.host}/tpu-runner/trainer:TAG   # image: in the spec")
+        remote = f"{registry.host}/tpu-runner/trainer:TAG"  # the spec's image: (no variant in the name)
+        if args.engine == "podman":
+            print(f"  podman push --tls-verify=false trainer-cpu:TAG {remote}")
+        else:  # Docker trusts a registry on loopback by itself
+            print(f"  docker tag trainer-cpu:TAG {remote} && docker push {remote}")
     else:
         print(f"  export RUNNER_REGISTRY_ENDPOINT={emulator.endpoint}   # it also answers as the image registry")
     if gcs_endpoint:
