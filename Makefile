@@ -14,9 +14,12 @@ JOB ?= jobs/mnist.yaml
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): many tests wait on emulated operations, heartbeats and subprocesses, so two share
 # two cores well (the suite: 11 min 31 s with 2, 17 min 55 s with 1, on 2 cores). 0 runs it in this process.
+# --dist loadgroup keeps the tests that build and run the image together (xdist_group "containers": one build).
 PYTEST_WORKERS ?= 2
+PYTEST_DIST = -n $(PYTEST_WORKERS) --dist loadgroup
 
 include mk/image.mk
+include mk/containers.mk
 
 .PHONY: help install data browser local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
 
@@ -44,11 +47,11 @@ browser:  ## install Chromium (Debian's package) for the report's browser test, 
 local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
 	$(RUNNER) submit $(JOB) --local
 
-test: data lint browser  ## lint, then the whole test suite
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+test: data lint browser containers  ## lint, then the whole test suite
+	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m 'not slow' $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_DIST) -m 'not slow' $(PYTEST_ARGS)
 
 faults: data  ## fault-injection suite on the TPU + Cloud Storage emulators; prints one table (FAULTS_ARGS=--only NAME)
 	$(PY) -m faults $(FAULTS_ARGS)

@@ -2,7 +2,8 @@
 
     python docker/requirements.py requirements --variant tpu --out DIR   # DIR/requirements.txt, no-deps.txt,
                                                                          # constraints.txt (this variant's pins)
-    python docker/requirements.py check --no-deps DIR/no-deps.txt --constraints DIR/constraints.txt   # after
+    python docker/requirements.py slim --site-packages DIR               # after the install: what no job loads
+    python docker/requirements.py check --no-deps DIR/no-deps.txt --constraints DIR/constraints.txt   # then
     python docker/requirements.py lock                                   # rewrite docker/constraints.txt
 
 The image gets the runner's runtime dependencies and its `train` extra, with one change per variant:
@@ -26,7 +27,9 @@ set of packages each one installs into docker/constraints.txt: lines before the 
 by every variant, a header names the variants that install the lines under it. `requirements` hands the build its
 variant's lines, which the image applies with pip --constraint, and `check` verifies after the install that the
 image holds exactly those versions and nothing unlocked (so "no TensorFlow in the JAX images" holds in the image,
-not only in the lock). The same pyproject.toml gives the same packages on every machine and every day.
+not only in the lock), less the two packages `slim` removes because no job loads them (NOT_AT_RUN_TIME). The
+image keeps its variant's files, and `runner build` runs `check` again in the finished image. The same
+pyproject.toml gives the same packages on every machine and every day.
 Standard library and pip only: it runs inside the image.
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +63,18 @@ LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.htm
 JAX_LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 # Installed by the base image, not by the lock: allowed in the image at whatever version it brings.
 BASE_PACKAGES = ("pip", "setuptools", "wheel")
+# Installed as dependencies, then removed by `slim`: nothing in a training job loads them. TensorFlow's wheel
+# requires libclang (its op-code generator's C parser, 62 MB); tensorboard requires tensorboard-data-server, the
+# binary behind TensorBoard's web UI (20 MB): the image writes TensorBoard logs, it never serves them.
+NOT_AT_RUN_TIME = ("libclang", "tensorboard-data-server")
+# Directories no job needs: TensorFlow's C++ headers (for compiling custom ops) and packages' own test suites.
+BUILD_ONLY_DIRS = ("tensorflow/include",)
+TEST_DIRS = ("tests",)
+# Packages whose shared libraries `slim` strips: TensorFlow's, built by Bazel with their symbol tables left in (256
+# MB of the cpu image). Wheels repaired by auditwheel (numpy's, Pillow's, ...) are left alone: patchelf edited them,
+# and a stripped copy fails to load ("ELF load command address/offset not page-aligned"); so are the vendors'
+# builds that cannot be run here (libtpu, NVIDIA's CUDA wheels).
+STRIPPED = ("tensorflow",)
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
 _SECTION = re.compile(r"^#\s*\[([a-z0-9 -]+)\]\s*$")
 HERE = Path(__file__).resolve().parent
@@ -229,28 +245,94 @@ def render(installs: dict[str, dict[str, str]]) -> str:
     return text
 
 
+def slim(site_packages: Path, strip: str = "strip") -> int:
+    """Make the installed set smaller without changing what a job runs: remove NOT_AT_RUN_TIME (as pip uninstall
+    does, by their RECORD), BUILD_ONLY_DIRS and every package's `tests` directory, and strip the symbol tables of the
+    STRIPPED packages' shared libraries (`strip --strip-unneeded`: what the dynamic linker and dlsym read stays; a
+    crash's native stack shows addresses instead of TensorFlow's internal names). Returns the bytes saved."""
+    before = _size(site_packages)
+    removed = [name for name in NOT_AT_RUN_TIME if _remove_distribution(site_packages, name)]
+    for rel in BUILD_ONLY_DIRS:
+        shutil.rmtree(site_packages / rel, ignore_errors=True)
+    for name in TEST_DIRS:
+        for found in sorted(site_packages.glob(f"*/**/{name}"), reverse=True):
+            if found.is_dir() and not found.is_symlink():
+                shutil.rmtree(found, ignore_errors=True)
+    libraries = [
+        str(path)
+        for package in STRIPPED
+        for path in sorted((site_packages / package).rglob("*.so*"))
+        if path.is_file() and not path.is_symlink()
+    ]
+    for start in range(0, len(libraries), 200):
+        subprocess.run([strip, "--strip-unneeded", *libraries[start : start + 200]], check=True)
+    saved = before - _size(site_packages)
+    print(
+        f"slim: {saved / 1e6:.0f} MB removed ({', '.join(removed) or 'no package'} uninstalled, "
+        f"{len(libraries)} shared libraries stripped)"
+    )
+    return saved
+
+
+def _remove_distribution(site_packages: Path, name: str) -> bool:
+    """Uninstall `name` from `site_packages` as pip does: every file its RECORD lists, then its dist-info."""
+    found = [
+        d
+        for d in site_packages.glob("*.dist-info")
+        if _canonical(d.name.removesuffix(".dist-info").rsplit("-", 1)[0]) == _canonical(name)
+    ]
+    root = site_packages.resolve()
+    for dist_info in found:
+        record = dist_info / "RECORD"
+        emptied = set()
+        for line in record.read_text().splitlines() if record.is_file() else []:
+            path = (site_packages / line.split(",", 1)[0]).resolve()
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+                emptied.add(path.parent)
+        for directory in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+            # The package's own directories, now empty, up to site-packages (never past it).
+            while root in directory.parents and directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+                directory = directory.parent
+        shutil.rmtree(dist_info, ignore_errors=True)
+    return bool(found)
+
+
+def _size(root: Path) -> int:
+    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
 def check(no_deps: Path, lock: Path | None = None) -> int:
     """After the install: `pip check`, allowing only what the --no-deps installs leave out on purpose (tf-keras ->
-    tensorflow); and, given the variant's lock lines, exactly those versions installed and nothing unlocked."""
+    tensorflow) and what `slim` removed (NOT_AT_RUN_TIME); and, given the variant's lock lines, exactly those
+    versions installed and nothing unlocked."""
     names = {_split(line)[0] for line in no_deps.read_text().splitlines() if line.strip()}
     result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
-    allowed = re.compile(r"^(\S+) \S+ requires tensorflow, which is not installed\.$")
+    allowed = re.compile(r"^(\S+) \S+ requires (\S+), which is not installed\.$")
+    removed = set(NOT_AT_RUN_TIME)
+
+    def accepted(line: str) -> bool:
+        if not (m := allowed.match(line)):
+            return False
+        return (_canonical(m.group(1)) in names and m.group(2) == "tensorflow") or _canonical(m.group(2)) in removed
+
     problems = [
         line
         for line in result.stdout.splitlines()
-        if line.strip()
-        and not ((m := allowed.match(line)) and _canonical(m.group(1)) in names)
-        and not line.startswith("No broken requirements")
+        if line.strip() and not accepted(line) and not line.startswith("No broken requirements")
     ]
     if lock is not None:
         locked = pins([line for line in lock.read_text().splitlines() if line.strip()])
         installed = {_canonical(d.name): d.version for d in metadata.distributions() if d.name}
         for name, version in sorted(locked.items()):
-            if installed.get(name) != version:
+            if installed.get(name) != version and not (name in removed and name not in installed):
                 problems.append(f"{name}: locked {version}, installed {installed.get(name, 'nothing')}")
         for name in sorted(set(installed) - set(locked) - set(BASE_PACKAGES)):
             problems.append(f"{name} {installed[name]} is installed but not in the lock (`make image-lock`)")
     ok = "pip check: no broken requirements" + (f" ({', '.join(sorted(names))} without dependencies)" if names else "")
+    if gone := sorted(removed - {_canonical(d.name) for d in metadata.distributions() if d.name}):
+        ok += f", {', '.join(gone)} removed (not used at run time)"
     print("\n".join(problems) or ok + ("; exactly the locked versions installed" if lock else ""))
     return 1 if problems else 0
 
@@ -270,11 +352,16 @@ def main(argv: list[str] | None = None) -> int:
     ck = sub.add_parser("check", help="pip check (allowing what no-deps leaves out), and the locked versions")
     ck.add_argument("--no-deps", type=Path, required=True)
     ck.add_argument("--constraints", type=Path, help="the variant's lock lines (requirements' constraints.txt)")
+    sl = sub.add_parser("slim", help="remove what no job loads, strip shared libraries (after the install)")
+    sl.add_argument("--site-packages", type=Path, required=True)
+    sl.add_argument("--strip", default="strip", help="binutils' strip")
     args = parser.parse_args(argv)
     if args.command == "requirements":
         write(args.out, args.pyproject, args.variant, args.libtpu or LIBTPU, args.constraints)
     elif args.command == "check":
         return check(args.no_deps, args.constraints)
+    elif args.command == "slim":
+        slim(args.site_packages, args.strip)
     else:
         lock(args.pyproject, args.target)
     return 0

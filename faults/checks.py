@@ -227,6 +227,28 @@ def nothing_created(ctx: Ctx, result: RunResult) -> None:
     result.notes.append(f"{len(creates)} create requests; refused before anything was paid for")
 
 
+def image_pulled(ctx: Ctx, result: RunResult) -> None:
+    """Each VM that started the job pulled the real image first: the seconds from its bootstrap's start to its
+    container's (the startup breakdown's "image pull"), in the notes and numbers."""
+    boots = sorted(
+        (float(str(e["time"])), str(e.get("event")))
+        for e in ctx.events
+        if str(e.get("source", "")).startswith("bootstrap-")
+        and e.get("event") in ("bootstrap_started", "container_started")
+    )
+    pulls, started = [], None
+    for when, event in boots:
+        if event == "bootstrap_started":
+            started = when
+        elif started is not None:
+            pulls.append(round(when - started, 1))
+            started = None
+    result.numbers["image_pull_s"] = pulls
+    if not pulls:
+        result.problems.append("no VM started its container: no image pull to measure")
+    result.notes.append(f"image pulled from the registry by each VM in {', '.join(f'{s:.1f}s' for s in pulls)}")
+
+
 def vm_recorded_pull_failure(ctx: Ctx, result: RunResult) -> None:
     if not any(e.get("event") == "image_pull_failed" for e in ctx.events):
         result.problems.append("no image_pull_failed event from the VM")

@@ -94,12 +94,15 @@ class Scenario:
     reference: bool = False  # first run the same job without the fault, for the checks to compare with
     # Held to the idle goal (IDLE_GOAL_S). Not where every delete is refused: the node idles until a person acts.
     idle_goal: bool = True
+    # The VMs pull the real trainer image (this checkout's cpu image, pushed to a registry on loopback) and run it
+    # under Docker or Podman (tpu_emulator.vm_engine), instead of running its entrypoint as a process.
+    container: bool = False
 
     @property
     def trains(self) -> bool:
         return isinstance(self.job, Train)
 
-    def spec_yaml(self, storage: str, data: str | None) -> str:
+    def spec_yaml(self, storage: str, data: str | None, image: str = IMAGE) -> str:
         acc: dict[str, Any] = {"type": self.accelerator, "zones": list(self.zones), "project": PROJECT}
         if self.slices > 1:
             acc["slices"] = self.slices
@@ -107,7 +110,7 @@ class Scenario:
             acc["spot"] = True
         if self.provisioning:
             acc["provisioning"] = self.provisioning
-        doc: dict[str, Any] = {"name": "faults", "image": IMAGE, "accelerator": acc, "storage": storage}
+        doc: dict[str, Any] = {"name": "faults", "image": image, "accelerator": acc, "storage": storage}
         if isinstance(self.job, Train):
             doc["training"] = self.job.section(data)
         else:
@@ -134,4 +137,5 @@ class Scenario:
             teardown=self.teardown,
             retries=self.retries,
             timeout_s=self.timeout_s,
+            container=self.container,
         )

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faults.context import Ctx
 from faults.measure import (
@@ -41,10 +41,14 @@ from faults.measure import (
     steps_lost,
 )
 from faults.result import RunResult
-from faults.scenario import PROJECT, Scenario, Train
+from faults.scenario import IMAGE, PROJECT, Scenario, Train
 from faults.table import IDLE_GOAL_S
 from runner.errors import StorageError
 from runner.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from runner.backends.engine import Engine
+    from tpu_emulator.registry import LocalRegistry
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "runner-faults"
@@ -122,6 +126,7 @@ class Suite:
         self._mnist = mnist
         self._env_before: str | None = None
         self.data_url: str | None = None
+        self._containers: tuple[Engine, LocalRegistry, str] | None = None  # for cases with container=True
 
     @property
     def gcs(self) -> str:
@@ -142,6 +147,8 @@ class Suite:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._containers is not None:
+            self._containers[1].stop()
         if self._env_before is None:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
         else:
@@ -169,11 +176,34 @@ class Suite:
         storage.Client().create_bucket(name)
         return name
 
+    def containers(self) -> tuple[Engine, LocalRegistry, str]:
+        """For cases that run the real image: the engine, a registry on loopback and the image pushed to it (this
+        checkout's cpu image, built if needed: tpu_emulator.registry.trainer_image). Set up once, on first need;
+        RuntimeError, saying why, where there is no engine."""
+        if self._containers is None:
+            from runner.backends import engine as engines
+            from tpu_emulator.registry import LocalRegistry, trainer_image
+
+            found = engines.detect()
+            if found.engine is None:
+                raise RuntimeError(f"the case runs the real image: {found.why} (`make containers` sets Podman up)")
+            registry = LocalRegistry().start()
+            try:
+                self.say(f"[faults] building and pushing the trainer image ({found.engine.title}, {registry.host})")
+                image = trainer_image(registry, found.engine, say=lambda line: self.say(f"[faults]   {line}"))
+            except BaseException:
+                registry.stop()
+                raise
+            self._containers = (found.engine, registry, image)
+        return self._containers
+
     def runner_env(self, case: Scenario, emulator_endpoint: str, home: Path, proxy_url: str | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "STORAGE_EMULATOR_HOST"}
+        registry = self.containers()[1].endpoint if case.container else None
         env.update(
             RUNNER_TPU_ENDPOINT=emulator_endpoint,
-            RUNNER_REGISTRY_ENDPOINT=case.registry or emulator_endpoint,  # the emulator doubles as the registry
+            # The emulator doubles as the registry, unless the case runs the real image from a real one.
+            RUNNER_REGISTRY_ENDPOINT=case.registry or registry or emulator_endpoint,
             STORAGE_EMULATOR_HOST=proxy_url if case.runner_via_proxy and proxy_url else self.gcs,
             RUNNER_HOME=str(home),
             CLOUDSDK_CONFIG="/nonexistent",
@@ -188,6 +218,24 @@ class Suite:
 
     def run_case(self, case: Scenario, index: int = 1) -> RunResult:
         """Run the case once (after its reference run, when it has one) and measure it."""
+        if case.container:
+            try:
+                self.containers()
+            except (RuntimeError, OSError) as exc:
+                return RunResult(
+                    case=case.name,
+                    fault=case.fault,
+                    expected=case.expect or "rejected",
+                    got="not run",
+                    exit_code=None,
+                    expected_exit=case.exit,
+                    as_expected=False,
+                    nodes_leaked=0,
+                    checkpoints_lost=None,
+                    epochs_redone=None,
+                    partial_epochs=None,
+                    problems=[str(exc)],
+                )
         reference: dict[str, Any] | None = None
         if case.reference:
             self.say(f"[faults] {case.name}: the same job without the fault first (reference)")
@@ -213,8 +261,12 @@ class Suite:
         proxy = FlakyProxy(self.gcs).start() if case.gcs_faults or case.proxy else None
         if proxy is not None and case.gcs_faults:
             proxy.fail_uploads(r"(^|/)checkpoints/", case.gcs_faults, per_object=True)
+        engine, _, image = self.containers() if case.container else (None, None, IMAGE)
         emulator = TpuEmulator(
-            workdir=where / "emulator", gcs_endpoint=proxy.url if proxy else self.gcs, vm_grace_s=self.vm_grace_s
+            workdir=where / "emulator",
+            gcs_endpoint=proxy.url if proxy else self.gcs,
+            vm_grace_s=self.vm_grace_s,
+            engine=engine,
         ).start()
         bucket = self.own_bucket() if case.own_bucket else self.bucket
         storage_url = f"gs://{bucket}/{case.name}-{uuid.uuid4().hex[:8]}"
@@ -224,7 +276,7 @@ class Suite:
         ctx.reference = reference
         try:
             spec = where / "job.yaml"
-            spec.write_text(case.spec_yaml(storage_url, self.mnist_url() if case.trains else None))
+            spec.write_text(case.spec_yaml(storage_url, self.mnist_url() if case.trains else None, image))
             for hook in case.setup:
                 hook(ctx)
             with (where / "runner.out").open("wb") as out:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from runner import datasets
+from tests.containers import container_engine, cpu_image, image_registry, use_container_engine  # noqa: F401 (fixtures)
 
 if TYPE_CHECKING:
     from tpu_emulator import TpuEmulator

@@ -65,10 +65,29 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="longest a Compute Engine operations.wait waits (1; the real API: up to 2 minutes)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("docker", "podman"),
+        help="the VMs pull and run real containers under this engine, from an image registry started on loopback "
+        "(docker-registry; push your image there): see docs/emulator.md. Default: containers run as processes",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not print each request")
     args = parser.parse_args(argv)
 
     from tpu_emulator.emulator import TpuEmulator
+
+    engine, registry = None, None
+    if args.engine:
+        from runner.backends import engine as engines
+        from tpu_emulator.registry import LocalRegistry
+
+        engine = engines.probe(args.engine)
+        if engine is None:
+            sys.exit(f"--engine {args.engine}: it does not answer (`{args.engine} version`); `make containers`")
+        try:
+            registry = LocalRegistry().start()
+        except RuntimeError as exc:
+            sys.exit(f"--engine {args.engine}: {exc}")
 
     gcs_server, gcs_endpoint = (None, args.gcs_endpoint)
     if args.with_gcs:
@@ -83,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         vm_grace_s=args.vm_grace,
         queue_style=args.queue_style,
         compute_wait_s=args.wait_limit,
+        engine=engine,
     )
     try:
         emulator.start()
     except OSError as exc:
         if gcs_server is not None:
             gcs_server.stop()
+        if registry is not None:
+            registry.stop()
         sys.exit(f"cannot listen on {args.host}:{args.port}: {exc.strerror} (try --port 0)")
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -102,7 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  and for Compute Engine instances: {emulator.workdir}/compute/<project>/<zone>/<instance>/")
     print("\nPoint the runner (and your shell) at it:\n")
     print(f"  export RUNNER_TPU_ENDPOINT={emulator.endpoint}")
-    print(f"  export RUNNER_REGISTRY_ENDPOINT={emulator.endpoint}   # it also answers as the image registry")
+    if registry is not None and engine is not None:
+        print(f"  export RUNNER_REGISTRY_ENDPOINT={registry.endpoint}   # the registry the VMs pull from")
+        print(f"\nThe VMs run containers under {engine.title}. Push an image for them, e.g.:\n")
+        remote = f"{registry.host}/tpu-runner/trainer:TAG"  # the spec's image: (no variant in the name)
+        if args.engine == "podman":
+            print(f"  podman push --tls-verify=false trainer-cpu:TAG {remote}")
+        else:  # Docker trusts a registry on loopback by itself
+            print(f"  docker tag trainer-cpu:TAG {remote} && docker push {remote}")
+    else:
+        print(f"  export RUNNER_REGISTRY_ENDPOINT={emulator.endpoint}   # it also answers as the image registry")
     if gcs_endpoint:
         print(f"  export STORAGE_EMULATOR_HOST={gcs_endpoint}")
     print(
@@ -127,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         emulator.stop()
         if gcs_server is not None:
             gcs_server.stop()
+        if registry is not None:
+            registry.stop()
     return 0
 
 

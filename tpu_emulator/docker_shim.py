@@ -37,6 +37,7 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.imageref import ImageRef
+from tpu_emulator import vm_engine
 from tpu_emulator.vm import CLOCK_SKEW, COORDINATOR, MARKER, python_dir
 
 DETACHED_CHILD = "RUNNER_DOCKER_SHIM_DETACHED"
@@ -278,6 +279,25 @@ def container_env(flags: dict[str, list[str]]) -> dict[str, str]:
     return env
 
 
+def vm_additions(env: dict[str, str], ref: str) -> dict[str, str]:
+    """A container's environment as the VM starts it: `env` with the VM's STORAGE_EMULATOR_HOST (the VM's network
+    reaches the storage emulator) and its marker (stopping the VM finds every process of it), less what a drop-env
+    fault takes away (said on the VM's console, docker run's stderr, never in the job's log)."""
+    final = dict(env)
+    for key in ("STORAGE_EMULATOR_HOST", MARKER, CLOCK_SKEW):
+        if key in os.environ:
+            final[key] = os.environ[key]
+    drop = dropped_env(ref)
+    if drop:
+        gone = sorted(k for k in final if k != MARKER and any(fnmatch.fnmatchcase(k, p) for p in drop))
+        for key in gone:
+            del final[key]
+        print(
+            f"[emulator] drop-env fault: the container starts without {', '.join(gone) or 'nothing'}", file=sys.stderr
+        )
+    return final
+
+
 def run(args: list[str]) -> int:
     flags, image, command = parse_run(args)
     ref = normalize(image)
@@ -327,21 +347,10 @@ def run(args: list[str]) -> int:
     }
     if os.environ.get("PYTHONPATH"):
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the image has the runner installed; here it is this tree
-    final = {**base, **jax_cluster_env(), **launch.env}  # what the job's own environment says comes first
-    for key in ("STORAGE_EMULATOR_HOST", MARKER, CLOCK_SKEW):
-        if key in os.environ:
-            final[key] = os.environ[key]
+    # What the job's own environment says comes first.
+    final = vm_additions({**base, **jax_cluster_env(), **launch.env}, ref)
     if os.environ.get(CLOCK_SKEW) and shim_dir:  # the VM's clock is off: so is its containers' time.time()
         final["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_dir(Path(shim_dir))), final.get("PYTHONPATH")]))
-    drop = dropped_env(ref)
-    if drop:
-        gone = sorted(k for k in final if k != MARKER and any(fnmatch.fnmatchcase(k, p) for p in drop))
-        for key in gone:
-            del final[key]
-        # On the VM's console (docker run's stderr), not in the job's log: the job must not know.
-        print(
-            f"[emulator] drop-env fault: the container starts without {', '.join(gone) or 'nothing'}", file=sys.stderr
-        )
     if not detached_child:
         _save(
             {
@@ -508,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     try:
+        engine = vm_engine.configured()
+        if engine is not None and command not in ("login", "logout"):
+            return vm_engine.main(engine, command, rest)
         if command == "run":
             return run(rest)
         if command == "pull":

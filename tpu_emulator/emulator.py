@@ -10,6 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from runner.backends.engine import Engine
 from runner.plan import catalog
 from tpu_emulator import metadata
 from tpu_emulator.admin import Admin
@@ -72,17 +73,20 @@ class TpuEmulator:
         vm_grace_s: float = 3.0,
         queue_style: QueueStyle = "waiting",
         compute_wait_s: float = 1.0,
+        engine: Engine | None = None,
     ) -> None:
         """`queue_style`: where a queued resource waits, "waiting" (WAITING_FOR_RESOURCES, the current API) or
         "accepted" (ACCEPTED, as the older API answered). `compute_wait_s`: the longest a Compute Engine
-        operations.wait waits (the real one, 2 minutes)."""
+        operations.wait waits (the real one, 2 minutes). `engine`: the VMs pull and run real containers under it
+        (tpu_emulator.vm_engine), the image from a registry such as tpu_emulator.registry's; None: the image's
+        entrypoint runs as a process (tpu_emulator.docker_shim)."""
         self.host, self._port = host, port
         self.workdir = Path(workdir).absolute()
         self.gcs_endpoint = gcs_endpoint
         self.id = uuid.uuid4().hex[:12]
         self.faults = Faults()
         self.scheduler = Scheduler()
-        self.launcher = VmLauncher(self.workdir, self.id, gcs_endpoint)
+        self.launcher = VmLauncher(self.workdir, self.id, gcs_endpoint, engine)
         self.cloud = Cloud(
             faults=self.faults,
             launcher=self.launcher,

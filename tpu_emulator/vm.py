@@ -21,10 +21,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.backends import container
+from runner.backends.engine import Engine
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
 # Seconds a VM's clock is off (the clock_skew fault): its `date` (a shim first on its PATH) and its Python's
@@ -105,12 +107,21 @@ class VmProcess:
 
 
 class VmGroup:
-    """The VMs (one per worker) of one node boot; `stop` ends all of their processes."""
+    """The VMs (one per worker) of one node boot; `stop` ends all of their processes (and containers)."""
 
-    def __init__(self, node: str, marker_prefix: str, processes: list[VmProcess]) -> None:
+    def __init__(
+        self,
+        node: str,
+        marker_prefix: str,
+        processes: list[VmProcess],
+        engine: Engine | None = None,
+        roots: Iterable[Path] = (),
+    ) -> None:
         self.node = node
         self.marker_prefix = marker_prefix
         self.processes = processes
+        self.engine = engine  # the VMs run real containers under it (tpu_emulator.vm_engine)
+        self.engine_roots: tuple[Path, ...] = tuple(roots)
         self._lock = threading.Lock()
         self._stopping = False
         self._stopped = threading.Event()
@@ -144,6 +155,11 @@ class VmGroup:
             for p in self.processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.popen.wait(5)
+            if self.engine is not None:
+                from tpu_emulator import vm_engine
+
+                markers = [f"{self.marker_prefix}{p.worker}" for p in self.processes]
+                vm_engine.cleanup(self.engine, markers, list(self.engine_roots))
         finally:
             self._stopped.set()
 
@@ -151,10 +167,11 @@ class VmGroup:
 class VmLauncher:
     """Boots the VMs of READY nodes under `workdir` and keeps track of every one, to stop them all at the end."""
 
-    def __init__(self, workdir: Path, emulator_id: str, gcs_endpoint: str | None) -> None:
+    def __init__(self, workdir: Path, emulator_id: str, gcs_endpoint: str | None, engine: Engine | None = None) -> None:
         self.workdir = workdir
         self.emulator_id = emulator_id
         self.gcs_endpoint = gcs_endpoint
+        self.engine = engine  # None: the VMs run containers as processes (docker_shim); else under this engine
         self.endpoint = ""  # the emulator's http://host:port, set once the server listens
         self._boots = itertools.count(1)
         self._groups: list[VmGroup] = []
@@ -194,6 +211,10 @@ class VmLauncher:
         date.chmod(0o755)
         self.python_dir.mkdir(parents=True, exist_ok=True)
         (self.python_dir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+
+    def engine_root(self, marker: str) -> Path:
+        """One VM boot's own image store (Podman): a new disk per boot, never shared with another VM."""
+        return self.workdir / ".emulator" / "engine" / marker.replace(":", "-")
 
     def vm_dir(self, project: str, zone: str, node_id: str, worker: int) -> Path:
         return self.workdir / project / zone / node_id / f"worker-{worker}"
@@ -254,6 +275,10 @@ class VmLauncher:
             env[COORDINATOR] = coordinator
         if clock_skew_s:
             env[CLOCK_SKEW] = str(int(clock_skew_s))
+        if self.engine is not None:
+            from tpu_emulator import vm_engine
+
+            env.update(vm_engine.vm_env(self.engine, self.engine_root(marker)))
         return env
 
     def boot(
@@ -281,7 +306,8 @@ class VmLauncher:
             env = self.vm_env(project, zone, node_id, worker, f"{prefix}{worker}", coordinator, clock_skew_s)
             header = f"{name} worker {worker} of {hosts}: running startup-script"
             processes.append(self._start(worker, directory, env, script, header))
-        return self._keep(VmGroup(name, prefix, processes))
+        roots = [self.engine_root(f"{prefix}{worker}") for worker in range(hosts)] if self.engine else []
+        return self._keep(VmGroup(name, prefix, processes, self.engine, roots))
 
     def instance_dir(self, project: str, zone: str, instance: str) -> Path:
         return self.workdir / "compute" / project / zone / instance
@@ -300,7 +326,8 @@ class VmLauncher:
         env = self._env(directory, instance, url, f"{prefix}0", coordinator)
         path = f"projects/{project}/zones/{zone}/instances/{instance}"
         process = self._start(0, directory, env, script, f"{path}: running startup-script")
-        return self._keep(VmGroup(path, prefix, [process]))
+        roots = [self.engine_root(f"{prefix}0")] if self.engine else []
+        return self._keep(VmGroup(path, prefix, [process], self.engine, roots))
 
     def _start(self, worker: int, directory: Path, env: dict[str, str], script: str, header: str) -> VmProcess:
         shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk

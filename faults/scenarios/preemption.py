@@ -54,6 +54,21 @@ CASES = (
         checks=(checks.preemptions(1), checks.same_training_as_uninterrupted),
         reference=True,
     ),
+    # The same, with the real image: each VM pulls it from a registry on loopback (the startup breakdown's "image
+    # pull" is that pull) and the trainer runs in the container, where the preemption's SIGTERM reaches it.
+    Scenario(
+        "preempt-mid-epoch-container",
+        "spot preemption in the middle of an epoch, real container",
+        "succeeded",
+        0,
+        job=Train(epochs=3, examples=49920, batch_size=16, test_examples=10000),
+        spot=True,
+        during=(actions.preempt_mid_epoch,),
+        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted, checks.image_pulled),
+        reference=True,
+        container=True,
+        timeout_s=900.0,
+    ),
     # Two v4-16 slices (2 hosts each) through one queued resource: one slice preempted, every slice recreated.
     Scenario(
         "multislice-preempt-one-slice",

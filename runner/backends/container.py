@@ -1,6 +1,7 @@
 """How a container runs on this machine: the one place that decides, for the local backend and emulated VMs.
 
-With a Docker engine and the image present, the image runs under `docker run`. Otherwise the image's entrypoint
+With a container engine (Docker or Podman: runner.backends.engine finds it) and the image present, the image runs
+under `docker run` / `podman run`, the same command line for both. Otherwise the image's entrypoint
 (`python -m runner.worker`) runs as a local process with the same environment: the same supervisor, trainer and
 run-directory contract, without the isolation. Either way the job is started in a new session (process group),
 so a Ctrl-C in the terminal reaches the runner alone, and the runner stops the job as a whole.
@@ -19,12 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from runner.backends import engine as engines
+from runner.backends.engine import Engine
+
 ENTRYPOINT = ["python", "-m", "runner.worker"]  # the image's ENTRYPOINT (docker/Dockerfile)
 # In the environment of every process of a local process run, with a value of its own: what a job started outside
 # its process group (setsid, a double fork: a daemon) still carries, so stopping the run finds it too.
 SESSION = "RUNNER_LOCAL_SESSION"
 CONTAINER_DATA_DIR = "/data"
-Mode = Literal["docker", "process"]
+# How a job runs: in a container under one of the engines (the name is the CLI that stops it), or as a process.
+Mode = Literal["docker", "podman", "process"]
+Prefer = Literal["container", "process"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,9 @@ class Launch:
 
     mode: Mode
     argv: list[str]
-    env: dict[str, str]  # the job's environment (for docker, passed by name with -e so values stay off argv)
+    # The job's environment (in a container passed by name, -e KEY, so values stay off argv), and what the engine's
+    # CLI needs besides (the project's Podman settings).
+    env: dict[str, str]
     reason: str
     name: str
     mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (host, container, read_only)
@@ -46,17 +54,11 @@ def _run_quiet(argv: list[str], timeout: float = 10) -> subprocess.CompletedProc
         return None
 
 
-def docker_engine() -> str | None:
-    """The engine's version, or None when there is no client or no engine answering it."""
-    if not shutil.which("docker"):
-        return None
-    result = _run_quiet(["docker", "info", "--format", "{{.ServerVersion}}"])
-    return result.stdout.strip() or None if result and result.returncode == 0 else None
-
-
-def image_present(image: str) -> bool:
-    result = _run_quiet(["docker", "image", "inspect", "--format", "{{.Id}}", image])
-    return bool(result and result.returncode == 0)
+def image_present(engine: Engine, image: str) -> bool:
+    try:
+        return engine.run("image", "inspect", "--format", "{{.Id}}", image, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def host_gpus() -> int:
@@ -68,17 +70,32 @@ def host_gpus() -> int:
     )
 
 
-def docker_argv(
-    image: str, name: str, env: dict[str, str], mounts: list[tuple[str, str, bool]], gpus: bool
-) -> list[str]:
-    argv = ["docker", "run", "--rm", "--name", name, "--init"]
+def local_flags(gpus: bool) -> list[str]:
+    """`docker run` options of a local run: an init process (signals, zombies), the caller's user, the GPUs."""
+    flags = ["--init"]
     if hasattr(os, "getuid"):
         # Files in bind-mounted run directories belong to the user, not root.
-        argv += ["--user", f"{os.getuid()}:{os.getgid()}"]
+        flags += ["--user", f"{os.getuid()}:{os.getgid()}"]
     if gpus:
-        argv += ["--gpus", "all"]
+        flags += ["--gpus", "all"]
+    return flags
+
+
+def docker_argv(
+    image: str,
+    name: str,
+    env: dict[str, str],
+    mounts: list[tuple[str, str, bool]],
+    gpus: bool,
+    *,
+    cli: list[str] | None = None,
+    flags: list[str] | None = None,
+) -> list[str]:
+    """`docker run` (or `podman run`: `cli`) of `image`, the job's variables passed by name, never by value.
+    `flags` replaces the local ones (local_flags): the emulator's VMs pass what their startup script gave."""
+    argv = [*(cli or ["docker"]), "run", "--rm", "--name", name, *(local_flags(gpus) if flags is None else flags)]
     for key in sorted(env):
-        argv += ["-e", key]  # value taken from the docker client's environment
+        argv += ["-e", key]  # value taken from the client's environment
     for host, inside, read_only in mounts:
         argv += ["-v", f"{host}:{inside}{':ro' if read_only else ''}"]
     return [*argv, image]
@@ -91,12 +108,16 @@ def plan_launch(
     name: str,
     data_dir: Path | None,
     storage_root: Path | None,
-    prefer: Mode | None = None,
+    prefer: Prefer | None = None,
+    engine: Engine | None = None,
+    flags: list[str] | None = None,
 ) -> Launch:
-    """Decide how the job's container runs here. `prefer="process"` skips Docker even when it is there."""
+    """Decide how the job's container runs here. `prefer="process"` skips the engine even when there is one;
+    `prefer="container"` makes "no engine, or no image" an error. `engine`: this one, not the one detection finds
+    (an emulated VM's, with its own image store); `flags`: its `docker run` options instead of the local ones."""
     if prefer != "process":
-        engine = docker_engine()
-        if engine and image_present(image):
+        found = engines.Found(engine, "") if engine else engines.detect()
+        if found.engine and image_present(found.engine, image):
             mounts: list[tuple[str, str, bool]] = []
             env = dict(env)
             if data_dir and data_dir.is_dir():
@@ -105,15 +126,15 @@ def plan_launch(
             if storage_root:
                 # Same path inside and out, so RUNNER_RUN_DIR means the same in both.
                 mounts.append((str(storage_root), str(storage_root), False))
-            gpus = host_gpus()
-            argv = docker_argv(image, name, env, mounts, gpus > 0)
-            reason = f"Docker {engine}, image {image}" + (f", {gpus} GPU(s)" if gpus else ", CPU")
-            return Launch("docker", argv, env, reason, name, mounts)
-        why = f"image {image} is not present locally" if engine else "no Docker engine is running"
-        if prefer == "docker":
+            gpus = host_gpus() if flags is None else 0
+            argv = docker_argv(image, name, env, mounts, gpus > 0, cli=found.engine.command(), flags=flags)
+            reason = f"{found.engine.title}, image {image}" + (f", {gpus} GPU(s)" if gpus else ", CPU")
+            return Launch(found.engine.name, argv, {**env, **found.engine.settings()}, reason, name, mounts)
+        why = f"image {image} is not present in {found.engine.title}" if found.engine else found.why
+        if prefer == "container":
             from runner.errors import BackendError
 
-            raise BackendError(f"cannot run in Docker: {why}", hint="`make image` builds the trainer image")
+            raise BackendError(f"cannot run in a container: {why}", hint="`make image` builds the trainer image")
     else:
         why = "--process was given"
     # The entrypoint with this interpreter: the one that has the runner and TensorFlow installed. A custom command
@@ -243,6 +264,11 @@ def stop_marked(variable: str, value: str, grace_s: float) -> list[str]:
     return stopped
 
 
-def stop_container(name: str, grace_s: float) -> None:
-    _run_quiet(["docker", "stop", "--time", str(int(grace_s)), name], timeout=grace_s + 15)
-    _run_quiet(["docker", "rm", "--force", name], timeout=15)
+def stop_container(mode: Mode, name: str, grace_s: float) -> None:
+    """`docker stop` (or `podman stop`) the container `name`: SIGTERM, SIGKILL after grace_s; then remove it."""
+    if mode == "process":
+        return
+    engine = Engine(mode, (mode,), "")
+    for args, timeout in (("stop", "--time", str(int(grace_s)), name), grace_s + 15), (("rm", "--force", name), 15):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            engine.run(*args, timeout=timeout)

@@ -55,7 +55,7 @@ class LocalBackend(Backend[LocalHandle]):
     name = "local"
     ephemeral = True
 
-    def __init__(self, prefer: container.Mode | None = None, say: Callable[[str], None] = print) -> None:
+    def __init__(self, prefer: container.Prefer | None = None, say: Callable[[str], None] = print) -> None:
         self.prefer = prefer
         self.say = say
         self._launches: dict[str, container.Launch] = {}
@@ -146,8 +146,8 @@ class LocalBackend(Backend[LocalHandle]):
         """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them; then
         whatever the job started outside those groups (a daemon: setsid, double forks), found by the session marker
         every process of the run carries, and said."""
-        if handle.mode == "docker":
-            container.stop_container(handle.container_name, grace_s)
+        if handle.mode != "process":
+            container.stop_container(handle.mode, handle.container_name, grace_s)
         for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
             if container.process_alive(pid, ticks) or container.group_alive(pid):
                 container.stop_group(pid, grace_s)

@@ -37,7 +37,10 @@ def submit(
     ] = None,
     zone: Annotated[str | None, typer.Option(help="Zone, when the spec names none (default: gcloud's).")] = None,
     process: Annotated[
-        bool, typer.Option("--process", help="With --local: run the entrypoint as a process even if Docker is there.")
+        bool,
+        typer.Option(
+            "--process", help="With --local: run the entrypoint as a process even if a container engine is there."
+        ),
     ] = False,
     budget: Annotated[
         str | None,

@@ -36,8 +36,18 @@ def build(
         help="Your code: this directory goes into the image at /workspace (the working directory of `command`).",
         file_okay=False,
     ),
+    ca_certs: Path | None = typer.Option(
+        None,
+        "--ca-certs",
+        envvar="RUNNER_BUILD_CA_CERTS",
+        help="CA certificates pip must trust in the build (a PEM file or a directory of .crt files), for networks "
+        "that reach PyPI through a TLS-intercepting proxy. A build secret: not in the image, not in the tag.",
+        exists=True,
+    ),
 ) -> None:
-    """Build the trainer image tagged by content, and push it; a tag that exists is never rebuilt or re-pushed."""
+    """Build the trainer image tagged by content with Docker or Podman, and push it; a tag that exists is never
+    rebuilt or re-pushed. Says the image's size, and checks its packages against its variant's lock."""
+    from runner.launch import build as builder
     from runner.launch import code, image
 
     variant = _variant(variant, spec, device)
@@ -47,13 +57,15 @@ def build(
 
         for problem in context_problems(load_spec(spec).command, context):
             warn(problem)
-    args = image.parse_build_args(build_arg)
+    args = builder.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)
         ref = image.reference(project, region, repo, variant, tag) if project else image.local_reference(variant, tag)
         echo(code.code_reference(ref, context) if context else ref)
         return
-    result = image.ensure_image(variant, project=project, region=region, repo=repo, push=push, build_args=args)
+    result = builder.ensure_image(
+        variant, project=project, region=region, repo=repo, push=push, build_args=args, ca_certs=ca_certs
+    )
     if context is not None:
         result = code.ensure_code_image(result, context, push=push)
     echo(f"image: {result.reference}")

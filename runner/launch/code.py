@@ -17,8 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.backends.engine import Engine
 from runner.errors import UsageError
-from runner.launch import image
+from runner.launch import build, image
 from runner.launch.imageref import ImageRef
 
 WORKSPACE = "/workspace"
@@ -54,9 +55,12 @@ def code_digest(context: Path) -> str:
 
 
 def code_reference(base: str, context: Path) -> str:
-    """The base image's reference with the code's digest added to its tag."""
+    """The base image's reference, spelled as given (`trainer-cpu`, not Docker Hub's `library/trainer-cpu`: a local
+    image has no registry), with the code's digest added to its tag."""
     ref = ImageRef.parse(base)
-    return f"{ref.repository}:{ref.tag or 'latest'}{CODE_TAG}{code_digest(context)[:12]}"
+    name = base.split("@", 1)[0]
+    name = name[: -len(ref.tag) - 1] if ref.tag else name
+    return f"{name}:{ref.tag or 'latest'}{CODE_TAG}{code_digest(context)[:12]}"
 
 
 def has_code(reference: str) -> bool:
@@ -68,25 +72,26 @@ def has_code(reference: str) -> bool:
 
 
 def ensure_code_image(
-    base: image.ImageResult,
+    base: build.ImageResult,
     context: Path,
     *,
     push: bool = False,
-    docker: str = "docker",
+    engine: Engine | None = None,
     say: Callable[[str], None] = print,
     exists: Callable[[str], bool | None] = image.image_exists,
-) -> image.ImageResult:
-    """Build (and push) the code image on top of `base`, doing only what is missing, as image.ensure_image does."""
+) -> build.ImageResult:
+    """Build (and push) the code image on top of `base`, doing only what is missing, as build.ensure_image does."""
     tags = tuple(code_reference(t, context) for t in base.tags)
     remote = tags[0] if len(tags) > 1 else None  # (registry, local) when there is a project, as for the base
-    if push and remote and image._in_registry(remote, docker, exists):
+    cli = build.Cli(engine)
+    if push and remote and build.in_registry(remote, cli, exists):
         say(f"{remote} is already in the registry: nothing to build or push")
-        return image.ImageResult(remote, tags, built=False, pushed=False)
-    present = [t for t in tags if image._docker(docker, "image", "inspect", "--format", "{{.Id}}", t).returncode == 0]
+        return build.ImageResult(remote, tags, built=False, pushed=False)
+    present = [t for t in tags if cli.present(t)]
     if present:
         say(f"{present[0]} is already built")
         for missing in (t for t in tags if t not in present):
-            image._check(image._docker(docker, "tag", present[0], missing), f"docker tag {missing}")
+            build.check(cli("tag", present[0], missing), f"{cli.engine.name} tag {missing}")
     else:
         with tempfile.TemporaryDirectory(prefix="runner-code-") as tmp:
             recipe = Path(tmp) / "Dockerfile"
@@ -95,13 +100,15 @@ def ensure_code_image(
             extra = (context / ".dockerignore").read_text() if (context / ".dockerignore").is_file() else ""
             ignore.write_text(ALWAYS_IGNORED + extra)
             argv = ["build", "--file", str(recipe)]
+            if cli.engine.name == "podman":
+                argv += ["--ignorefile", str(ignore)]  # Podman reads a .dockerignore in the context, not beside
             for t in tags:
                 argv += ["--tag", t]
             say(f"building {tags[0]} (your code from {context} at {WORKSPACE})")
-            image._check(image._docker(docker, *argv, str(context), capture=False), "docker build")
+            build.check(cli(*argv, str(context), capture=False), f"{cli.engine.name} build")
     pushed = False
     if push and remote:
         say(f"pushing {remote}")
-        image._check(image._docker(docker, "push", remote, capture=False), f"docker push {remote}")
+        build.check(cli("push", remote, capture=False), f"{cli.engine.name} push {remote}")
         pushed = True
-    return image.ImageResult(tags[0], tags, built=not present, pushed=pushed)
+    return build.ImageResult(tags[0], tags, built=not present, pushed=pushed)

@@ -1,11 +1,11 @@
-"""The trainer image: its content tag, its Artifact Registry reference, build and push, and whether a registry has it.
+"""The trainer image: its content tag, its Artifact Registry reference, and whether a registry has it.
 
     tag        content_tag(variant): a digest of exactly what goes into the image (below); the same code gives the
                same tag on every machine, so a retry or a second submit never rebuilds or re-pushes
     reference  REGION-docker.pkg.dev/PROJECT/REPO/trainer-VARIANT:TAG (and trainer-VARIANT:TAG locally)
-    build      `docker build` unless the tag is already on this machine (`docker image inspect`)
-    push       `docker push` unless the registry already has the tag (image_exists, else `docker manifest inspect`)
     exists     image_exists(ref): asks the registry itself (Docker Registry HTTP API v2), for the pre-flight check
+
+Building and pushing, with Docker or Podman, is runner.launch.build.
 
 What the tag covers: docker/Dockerfile, the variant and any other build argument given, and every file of the build
 context that docker/Dockerfile.dockerignore lets in (pyproject.toml, docker/requirements.py, docker/constraints.txt,
@@ -13,8 +13,7 @@ runner/), by path, content, executable bit and symlink target. Not mtimes, not a
 (caches, .venv, README.md, tests). The base image is named by tag in the Dockerfile, so a rebuilt upstream tag is
 not seen; pass --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:... to pin it by digest.
 
-Only the standard library is imported here; google-auth is loaded when a registry is asked. `runner build`
-(runner.cli.tools) is the command.
+Only the standard library is imported here; google-auth is loaded when a registry is asked.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.backends.tpu_api import CLOUD_PLATFORM
-from runner.errors import BackendError, PlanError, UsageError
+from runner.errors import PlanError, UsageError
 from runner.launch.imageref import ImageRef
 from runner.launch.variants import BY_NAME, IMAGE_NAME, VARIANTS
 
@@ -343,106 +341,3 @@ def require_in_registry(ref: str, **kwargs: object) -> str | None:
             "in the spec",
         )
     return None if answer.exists else f"could not check that {ref} exists: {answer.detail}"
-
-
-# -- build and push ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ImageResult:
-    reference: str  # the registry reference when there is one, else the local name
-    tags: tuple[str, ...]
-    built: bool
-    pushed: bool
-
-
-def _docker(docker: str, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            [docker, *args], capture_output=capture, text=True, check=False, env={**os.environ, "DOCKER_BUILDKIT": "1"}
-        )
-    except FileNotFoundError as exc:
-        raise BackendError("the docker CLI is not installed", hint="install Docker to build the image") from exc
-
-
-def _in_registry(ref: str, docker: str, exists: Callable[[str], bool | None]) -> bool:
-    known = exists(ref)
-    if known is None:  # no ADC here: the docker CLI may still have credentials (gcloud auth configure-docker)
-        known = _docker(docker, "manifest", "inspect", ref).returncode == 0
-    return known
-
-
-def ensure_image(
-    variant: str,
-    *,
-    project: str | None = None,
-    region: str = "us-central1",
-    repo: str = "tpu-runner",
-    push: bool = False,
-    build_args: dict[str, str] | None = None,
-    root: Path = REPO_ROOT,
-    docker: str = "docker",
-    say: Callable[[str], None] = print,
-    exists: Callable[[str], bool | None] = image_exists,
-) -> ImageResult:
-    """Build (and push) the image for this code, doing only what is missing: a tag already in the registry means
-    nothing to do; a tag already on this machine means no build."""
-    tag = content_tag(variant, root=root, build_args=build_args)
-    local = local_reference(variant, tag)
-    remote = reference(project, region, repo, variant, tag) if project else None
-    if push and not remote:
-        raise UsageError("pushing needs a project", hint="pass --project (make push PROJECT=...)")
-    tags = (remote, local) if remote else (local,)
-    if push and remote and _in_registry(remote, docker, exists):
-        say(f"{remote} is already in the registry: nothing to build or push")
-        return ImageResult(remote, tags, built=False, pushed=False)
-    present = [t for t in tags if _docker(docker, "image", "inspect", "--format", "{{.Id}}", t).returncode == 0]
-    built = not present
-    if not present and _docker(docker, "info", "--format", "{{.ServerVersion}}").returncode != 0:
-        raise BackendError(
-            f"cannot build {tags[0]}: no Docker engine is running",
-            hint="start Docker (`docker info` must answer); `--local` runs the trainer as a process meanwhile",
-        )
-    if present:
-        say(f"{present[0]} is already built (content tag {tag})")
-        for missing in (t for t in tags if t not in present):
-            _check(_docker(docker, "tag", present[0], missing), f"docker tag {missing}")
-    else:
-        argv = ["build", "--file", str(root / DOCKERFILE), "--build-arg", f"VARIANT={variant}"]
-        for key, value in sorted((build_args or {}).items()):
-            argv += ["--build-arg", f"{key}={value}"]
-        argv += ["--label", f"org.opencontainers.image.version={tag}"]
-        for t in tags:
-            argv += ["--tag", t]
-        say(f"building {tags[0]}")
-        _check(_docker(docker, *argv, str(root), capture=False), "docker build")
-    pushed = False
-    if push and remote:
-        say(f"pushing {remote}")
-        _check(_docker(docker, "push", remote, capture=False), f"docker push {remote}")
-        pushed = True
-    return ImageResult(tags[0], tags, built=built, pushed=pushed)
-
-
-def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
-    if result.returncode != 0:
-        detail = (result.stderr or "").strip().splitlines()[-1:] if result.stderr else []
-        raise BackendError(
-            f"{what} failed (exit {result.returncode})" + (f": {detail[0]}" if detail else ""),
-            hint="is a Docker engine running (`docker info`)? For a push: `gcloud auth configure-docker "
-            "REGION-docker.pkg.dev`",
-        )
-
-
-# -- the command ----------------------------------------------------------------------------------------------------
-
-
-def parse_build_args(values: list[str]) -> dict[str, str]:
-    """--build-arg KEY=VALUE options as a dict; a UsageError for one that is not."""
-    args = {}
-    for item in values:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UsageError(f"--build-arg {item!r} is not KEY=VALUE")
-        args[key] = value
-    return args

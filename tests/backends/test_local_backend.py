@@ -140,11 +140,11 @@ def test_docker_command_line_keeps_values_off_argv() -> None:
 
 
 def test_without_docker_the_entrypoint_runs_as_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no docker client on PATH
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker or podman client on PATH
     launch = container.plan_launch("img:1", {"A": "1"}, name="n", data_dir=tmp_path, storage_root=None)
     assert launch.mode == "process"
     assert launch.argv == [sys.executable, "-m", "runner.worker"]
-    assert "no Docker engine" in launch.reason
+    assert "no container engine answers" in launch.reason
     assert launch.env["RUNNER_DATA_DIR"] == str(tmp_path)
     assert os.environ["PATH"] == str(tmp_path)
 

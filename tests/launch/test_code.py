@@ -1,5 +1,5 @@
 """`runner build --context DIR`: the user's code layered onto the trainer image, tagged by its content, built and
-pushed once (the docker CLI replaced by the recording stand-in of test_image), and what the plan says of it."""
+pushed once (the engine CLI replaced by the recording stand-in of test_build), and what the plan says of it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.launch import code, image, variants
+from runner.launch import build, code, variants
 from tests.cli.test_cli import write_job
-from tests.launch.test_image import FakeDocker
+from tests.launch.test_build import FakeDocker
 
 BASE = "us-central1-docker.pkg.dev/p/tpu-runner/trainer-tpu:0.1.0-0123456789abcdef"
 
@@ -42,21 +42,24 @@ def test_the_tag_follows_the_code_and_nothing_else(project: Path) -> None:
     (project / "pkg" / "model.py").write_text("LAYERS = 3\n")
     assert code.code_reference(BASE, project) != ref
     assert code.dockerfile(BASE) == f"FROM {BASE}\nCOPY . /workspace\nWORKDIR /workspace\n"
+    # A local image keeps its own name (not Docker Hub's library/...), a digest-pinned one loses the digest.
+    assert code.code_reference("trainer-cpu:0.1.0-ab", project).startswith("trainer-cpu:0.1.0-ab-code-")
+    assert code.code_reference(f"{BASE}@sha256:{'0' * 64}", project) == code.code_reference(BASE, project)
 
 
 def test_built_and_pushed_once(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     docker = FakeDocker(tmp_path, monkeypatch)
     local = BASE.split("/")[-1]
     docker.state.write_text(json.dumps({"images": [BASE, local], "pushed": [BASE]}))
-    base = image.ImageResult(BASE, (BASE, local), built=False, pushed=False)
+    base = build.ImageResult(BASE, (BASE, local), built=False, pushed=False)
     first = code.ensure_code_image(base, project, push=True, say=lambda _: None, exists=lambda _: None)
     assert first.reference == code.code_reference(BASE, project) and (first.built, first.pushed) == (True, True)
     calls = docker.calls()
-    build = next(c for c in calls if c[0] == "build")
-    assert build[-1] == str(project) and build.count("--tag") == 2
+    build_argv = next(c for c in calls if c[0] == "build")
+    assert build_argv[-1] == str(project) and build_argv.count("--tag") == 2
     assert [c[0] for c in calls][-1] == "push"
     again = code.ensure_code_image(base, project, push=True, say=lambda _: None, exists=lambda _: None)
-    assert (again.built, again.pushed) == (False, False) and docker.verbs() == ["manifest inspect"]
+    assert (again.built, again.pushed) == (False, False) and docker.verbs() == ["version", "manifest inspect"]
 
 
 def test_print_ref_and_the_plan_say_where_the_code_is(project: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The trainer image: lint (hadolint, shellcheck), what its Dockerfile declares, its entrypoint trained for real as a
-local process with the image's environment, and a real image build where a Docker engine answers."""
+"""The trainer image: lint (hadolint, shellcheck), what its Dockerfile declares, and its entrypoint trained for real
+as a local process with the image's environment. (The image built and run by an engine: test_container.)"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -249,6 +250,46 @@ def test_the_build_check_refuses_packages_the_lock_does_not_hold(tmp_path: Path)
     assert re.search(r"^libtpu: locked \S+, installed nothing$", result.stdout, re.MULTILINE)
 
 
+def _sections(library: Path) -> set[str]:
+    listing = subprocess.run(["readelf", "--section-headers", "--wide", str(library)], capture_output=True, text=True)
+    return set(re.findall(r"\]\s+(\.\S+)", listing.stdout))
+
+
+def test_slim_removes_what_no_job_loads_and_strips_only_tensorflows_libraries(tmp_path: Path) -> None:
+    """The dependency layer's `slim` step, on a site-packages made of the parts it treats differently. A small
+    library of this venv's TensorFlow stands in for TensorFlow's (built with its symbol table left in)."""
+    if shutil.which("strip") is None or shutil.which("readelf") is None:
+        pytest.skip("binutils (strip, readelf) is not installed here; the image build installs its own")
+    spec = importlib.util.find_spec("tensorflow")
+    assert spec and spec.submodule_search_locations
+    candidates = sorted(Path(spec.submodule_search_locations[0]).rglob("*.so"), key=lambda p: p.stat().st_size)
+    library = next(p for p in candidates if ".symtab" in _sections(p))
+    site = tmp_path / "site-packages"
+    (site / "tensorflow" / "include" / "tensorflow").mkdir(parents=True)
+    (site / "tensorflow" / "include" / "tensorflow" / "op.h").write_text("// a header\n")
+    shutil.copy(library, site / "tensorflow" / "lib_kernels.so")
+    (site / "numpy" / "tests").mkdir(parents=True)
+    (site / "numpy" / "tests" / "test_core.py").write_text("")
+    (site / "numpy" / "core.py").write_text("")
+    shutil.copy(library, site / "numpy" / "vendored.so")  # as auditwheel's patched copies: left alone
+    (site / "clang" / "native").mkdir(parents=True)
+    (site / "clang" / "__init__.py").write_text("")
+    (site / "clang" / "native" / "libclang.so").write_bytes(b"\0" * 4096)
+    info = site / "libclang-18.1.1.dist-info"
+    info.mkdir()
+    record = ["clang/__init__.py,,", "clang/native/libclang.so,,", "libclang-18.1.1.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+    (site / "keep_me").mkdir()  # an empty directory of another package stays
+    saved = image_requirements.slim(site)
+    assert not (site / "clang").exists() and not info.exists()
+    assert not (site / "tensorflow" / "include").exists() and not (site / "numpy" / "tests").exists()
+    assert (site / "numpy" / "core.py").exists() and (site / "keep_me").is_dir()
+    stripped = _sections(site / "tensorflow" / "lib_kernels.so")
+    assert ".symtab" not in stripped and ".dynsym" in stripped  # what the dynamic linker reads stays
+    assert ".symtab" in _sections(site / "numpy" / "vendored.so")
+    assert saved > 4096
+
+
 # -- the entrypoint, as a local process with the image's environment ----------------------------------------------
 
 
@@ -259,7 +300,7 @@ def image_env(variant: str = "cpu") -> dict[str, str]:
 
 def entrypoint_argv(variant: str = "cpu") -> list[str]:
     """The image's ENTRYPOINT + CMD, with `python` being this interpreter (the one with the runner and TensorFlow),
-    as runner.backends.container runs it when there is no Docker engine."""
+    as runner.backends.container runs it when there is no container engine."""
     argv = image_config(variant).argv
     assert argv[0] == "python"
     return [sys.executable, *argv[1:]]
@@ -456,45 +497,3 @@ def test_a_jax_image_trains_with_framework_jax_without_tensorflow(
     assert (summary["framework"], summary["train_examples"]) == ("jax", 256)
     exit_record = json.loads((run_dir / contract.exit_key(0)).read_text())
     assert (exit_record["state"], exit_record["exit_code"]) == ("succeeded", 0)
-
-
-# -- the image itself, where a Docker engine answers ----------------------------------------------------------------
-
-ENGINE = container.docker_engine()
-needs_engine = pytest.mark.skipif(
-    ENGINE is None,
-    reason="no Docker engine answers `docker info` here"
-    + ("" if os.path.exists("/var/run/docker.sock") or os.environ.get("DOCKER_HOST") else " (no docker socket)")
-    + ": the image build and the containerized run are tested only where one does",
-)
-
-
-@pytest.mark.slow
-@needs_engine
-def test_build_the_cpu_image_and_train_in_it(tmp_path: Path, mnist_npz: Path) -> None:
-    result = image.ensure_image("cpu")
-    again = image.ensure_image("cpu")
-    assert again.built is False and again.reference == result.reference  # same code, same tag: no rebuild
-    inspect = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{json .Config}}", result.reference],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    config = json.loads(inspect.stdout)
-    assert config["Entrypoint"] == container.ENTRYPOINT and config["User"] == "1000:1000"
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    os.chmod(run_dir, 0o777)  # the container's user writes here
-    training = TrainingSpec.model_validate({"max_train_examples": 256, "epochs": 1, "batch_size": 128})
-    env = {
-        contract.RUN_DIR: str(run_dir),
-        contract.RUN_ID: "in-docker",
-        contract.TRAINING: training.model_dump_json(),
-        contract.DATA_DIR: container.CONTAINER_DATA_DIR,
-    }
-    mounts = [(str(mnist_npz.parent), container.CONTAINER_DATA_DIR, True), (str(run_dir), str(run_dir), False)]
-    argv = container.docker_argv(result.reference, "tpu-runner-image-test", env, mounts, gpus=False)
-    run = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=900, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert json.loads((run_dir / contract.SUMMARY).read_text())["train_examples"] == 256

@@ -1,5 +1,5 @@
-"""runner.launch.image: the content tag, references, the registry check against a real local HTTP server speaking the
-Docker Registry HTTP API v2, and build/push skip logic with the docker CLI replaced by a recording stand-in."""
+"""runner.launch.image: the content tag, references, and the registry check against a real local HTTP server speaking
+the Docker Registry HTTP API v2. (Building and pushing: test_build.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner import spec
-from runner.errors import BackendError, PlanError
+from runner.errors import PlanError
 from runner.launch import image, variants
 from runner.launch.imageref import ImageRef
 from runner.plan import planner as plan
@@ -460,107 +459,3 @@ def test_require_in_registry_is_the_pre_flight_contract(registry: Registry) -> N
     registry.forbidden.add("p/r/trainer-cpu")
     warning = image.require_in_registry(f"{REF}:t1", **kwargs)
     assert warning and warning.startswith(f"could not check that {REF}:t1 exists")
-
-
-# -- build and push, with a stand-in docker CLI --------------------------------------------------------------------
-
-FAKE_DOCKER = """\
-#!{python}
-import json, os, sys
-state_path, log_path = os.environ["FAKE_DOCKER_STATE"], os.environ["FAKE_DOCKER_LOG"]
-state = json.load(open(state_path)) if os.path.exists(state_path) else {{"images": [], "pushed": []}}
-args = sys.argv[1:]
-with open(log_path, "a") as log:
-    log.write(json.dumps(args) + "\\n")
-rc = 0
-if args[:1] == ["info"]:
-    rc = 0 if os.environ.get("FAKE_DOCKER_ENGINE", "1") == "1" else 1
-elif args[:2] == ["image", "inspect"]:
-    rc = 0 if args[-1] in state["images"] else 1
-elif args[:1] == ["build"]:
-    state["images"] += [args[i + 1] for i, a in enumerate(args) if a == "--tag"]
-    assert os.environ.get("DOCKER_BUILDKIT") == "1"
-elif args[:1] == ["tag"]:
-    state["images"].append(args[2])
-elif args[:1] == ["push"]:
-    rc = 0 if args[1] in state["images"] else 1
-    state["pushed"].append(args[1])
-elif args[:2] == ["manifest", "inspect"]:
-    rc = 0 if args[2] in state["pushed"] else 1
-json.dump(state, open(state_path, "w"))
-sys.exit(rc)
-"""
-
-
-class FakeDocker:
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        script = bin_dir / "docker"
-        script.write_text(FAKE_DOCKER.format(python=sys.executable))
-        script.chmod(0o755)
-        self.log = tmp_path / "docker.log"
-        self.state = tmp_path / "docker.json"
-        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        monkeypatch.setenv("FAKE_DOCKER_LOG", str(self.log))
-        monkeypatch.setenv("FAKE_DOCKER_STATE", str(self.state))
-
-    def calls(self) -> list[list[str]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        self.log.write_text("")
-        return [json.loads(line) for line in lines]
-
-    def verbs(self) -> list[str]:
-        return [" ".join(c[:2]) if c[0] in ("image", "manifest") else c[0] for c in self.calls()]
-
-
-@pytest.fixture
-def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDocker:
-    return FakeDocker(tmp_path, monkeypatch)
-
-
-def ensure(**kwargs: object) -> image.ImageResult:
-    """ensure_image with the registry check answering "cannot tell", so the docker CLI's own check decides."""
-    return image.ensure_image("cpu", say=lambda _: None, exists=lambda _: None, **kwargs)  # type: ignore[arg-type]
-
-
-def test_build_once_then_never_again(docker: FakeDocker) -> None:
-    tag = image.content_tag("cpu")
-    first = ensure()
-    assert first == image.ImageResult(f"trainer-cpu:{tag}", (f"trainer-cpu:{tag}",), built=True, pushed=False)
-    build = next(c for c in docker.calls() if c[0] == "build")
-    assert build[build.index("--file") + 1] == str(REPO / "docker" / "Dockerfile")
-    assert build[build.index("--build-arg") + 1] == "VARIANT=cpu"
-    assert build[-1] == str(REPO) and f"org.opencontainers.image.version={tag}" in build
-    assert ensure().built is False
-    assert docker.verbs() == ["image inspect"]  # found locally: no engine check, no build
-
-
-def test_push_builds_and_pushes_once_and_a_retry_does_nothing(docker: FakeDocker) -> None:
-    tag = image.content_tag("cpu")
-    remote = f"us-central1-docker.pkg.dev/p/tpu-runner/trainer-cpu:{tag}"
-    first = ensure(project="p", push=True)
-    assert (first.reference, first.built, first.pushed) == (remote, True, True)
-    assert docker.verbs() == ["manifest inspect", "image inspect", "image inspect", "info", "build", "push"]
-    again = ensure(project="p", push=True)
-    assert (again.built, again.pushed) == (False, False)
-    assert docker.verbs() == ["manifest inspect"]  # the registry has it: nothing else is even looked at
-
-
-def test_built_elsewhere_pushed_elsewhere_and_registry_answers(docker: FakeDocker) -> None:
-    tag = image.content_tag("cpu")
-    remote = f"us-central1-docker.pkg.dev/p/tpu-runner/trainer-cpu:{tag}"
-    docker.state.write_text(json.dumps({"images": [f"trainer-cpu:{tag}"], "pushed": []}))
-    result = ensure(project="p", push=True)
-    assert (result.built, result.pushed) == (False, True)
-    assert docker.verbs() == ["manifest inspect", "image inspect", "image inspect", "tag", "push"]
-    # When the registry answers itself (True / False), the docker CLI is not asked.
-    found = image.ensure_image("cpu", project="p", push=True, say=lambda _: None, exists=lambda ref: ref == remote)
-    assert (found.built, found.pushed) == (False, False) and docker.verbs() == []
-
-
-def test_no_engine_is_a_clear_error(docker: FakeDocker, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_DOCKER_ENGINE", "0")
-    with pytest.raises(BackendError, match="no Docker engine is running"):
-        ensure()
-    assert "build" not in docker.verbs()
