@@ -6,7 +6,8 @@
     python docker/requirements.py check --no-deps DIR/no-deps.txt --constraints DIR/constraints.txt   # then
     python docker/requirements.py lock                                   # rewrite docker/constraints.txt
 
-The image gets the runner's runtime dependencies and its `train` extra, with one change per variant:
+The image gets the runner's runtime dependencies but the provisioning clients (PROVISIONING_ONLY), and its `train`
+extra, with one change per variant:
 
     cpu      tensorflow-cpu==X              the same TensorFlow without the CUDA kernels: 259 MB of wheel, not 621
     gpu      tensorflow[and-cuda]==X        as pyproject.toml says, with NVIDIA's CUDA/cuDNN wheels (host: driver)
@@ -54,6 +55,9 @@ VARIANTS = ("cpu", "gpu", "tpu", "jax-tpu", "jax-gpu")
 TENSORFLOW_VARIANTS = ("cpu", "gpu", "tpu")
 JAX_EXTRA = {"jax-tpu": "tpu", "jax-gpu": "cuda12"}  # jax[cuda12]: the CUDA the TensorFlow gpu image has too
 TENSORFLOW_ONLY = ("tensorflow", "tf-keras")  # train-extra entries the JAX variants leave out
+# The control plane's provisioning clients: nothing in the image creates or deletes a machine (the supervisor talks
+# to Cloud Storage; a VM's self-delete is the bootstrap's curl on the host), and google-cloud-compute alone is 70 MB.
+PROVISIONING_ONLY = ("google-cloud-tpu", "google-cloud-compute")
 # tensorflow-tpu 2.20.0 declares libtpu~=0.0.14; left open, pip takes the newest 0.0.x on PyPI, a build made for
 # JAX months later. The floor of that range is the build the wheel was made against. (jax[tpu] pins its own.)
 LIBTPU = "0.0.14"
@@ -96,7 +100,7 @@ def requirements(pyproject: Path, variant: str, libtpu: str = LIBTPU) -> tuple[l
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
     project = tomllib.loads(pyproject.read_text())["project"]
-    lines = list(project["dependencies"])
+    lines = [req for req in project["dependencies"] if _split(req)[0] not in PROVISIONING_ONLY]
     no_deps: list[str] = []
     for req in project["optional-dependencies"]["train"]:
         name, rest = _split(req)
