@@ -47,7 +47,7 @@ from runner.errors import StorageError
 from runner.storage import Storage, open_storage
 
 if TYPE_CHECKING:
-    from runner.backends.engine import Engine
+    from runner.launch.engine import Engine
     from tpu_emulator.registry import LocalRegistry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ class Suite:
         checkout's cpu image, built if needed: tpu_emulator.registry.trainer_image). Set up once, on first need;
         RuntimeError, saying why, where there is no engine."""
         if self._containers is None:
-            from runner.backends import engine as engines
+            from runner.launch import engine as engines
             from tpu_emulator.registry import LocalRegistry, trainer_image
 
             found = engines.detect()

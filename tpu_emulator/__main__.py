@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine, registry = None, None
     if args.engine:
-        from runner.backends import engine as engines
+        from runner.launch import engine as engines
         from tpu_emulator.registry import LocalRegistry
 
         engine = engines.probe(args.engine)

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from runner.backends.engine import Engine
+from runner.launch.engine import Engine
 from runner.plan import catalog
 from tpu_emulator import metadata
 from tpu_emulator.admin import Admin

@@ -109,13 +109,14 @@ def resume(
     from runner.plan.planner import Continued
     from runner.storage import open_storage
     from runner.timings import Timings
-    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.backends import run_state
+    from runner.watch.lookup import resolve
     from runner.watch.rundir import read_snapshot
 
     record = resolve(run)
     storage = open_storage(record.run_dir)
     warnings: list[str] = []
-    state = current_state(without_bad_handle(record, warnings), read_snapshot(storage, with_metrics=False))
+    state = run_state(record, read_snapshot(storage, with_metrics=False), warnings)
     for warning in warnings:
         say(f"warning: {warning}")
     check_resumable(record, state)
@@ -249,7 +250,8 @@ def problems_text(problems: list[PlanError]) -> str:
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import existing_artifacts, failure_output, one_line, summary_rows
+    from runner.collect.summary import existing_artifacts, failure_output, summary_rows
+    from runner.watch.logtext import one_line
     from runner.errors import RunFailed, RunnerError
     from runner.storage import open_storage
     from runner.watch.state import RunState

@@ -118,15 +118,21 @@ class Span:
 
 
 def _node_name(event: Event) -> str:
+    """The machine a provisioned event names: in its handle (a node's id, an instance's or group's name), or how its
+    backend described it."""
     handle = event.fields.get("handle")
     if isinstance(handle, dict):
-        name = handle.get("node_id") or handle.get("container_name") or handle.get("pid")
+        name = handle.get("node_id") or handle.get("name") or handle.get("container_name") or handle.get("pid")
         if name is not None:
             return str(name)
-    return "?"
+    machine = event.fields.get("machine")
+    return str(machine) if machine else "?"
 
 
 def _attached(event: Event) -> bool:
+    """An existing machine the run attached to (the event says so; a handle written before it did: created false)."""
+    if isinstance(attached := event.fields.get("attached"), bool):
+        return attached
     handle = event.fields.get("handle")
     return isinstance(handle, dict) and handle.get("created") is False
 

@@ -42,6 +42,8 @@ class Generation:
     api_type: str  # AcceleratorConfig.Type (V5LITE_POD, ...)
     quota_prefix: str  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
     provisioning: str | None = None  # "node" | "queued" when a source says this generation needs one; None: by hosts
+    title: str = ""  # how people name it: "TPU v5e", "TPU7x (Ironwood)"
+    backends: tuple[str, ...] = ("tpu-vm",)  # the runner's backends that create it; `auto` picks the first
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def generations() -> dict[str, Generation]:
             api_type=g["api_type"],
             quota_prefix=g["quota_prefix"],
             provisioning=g.get("provisioning"),
+            title=g.get("title") or f"TPU {name}",
+            backends=tuple(g.get("backends") or ("tpu-vm",)),
         )
     return out
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
+from runner.storage import GCS_RE
 
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
 NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -22,7 +23,6 @@ NODE_RE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 PROJECT_RE = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
 SERVICE_ACCOUNT_RE = r"^[^@\s]+@[^@\s]+\.iam\.gserviceaccount\.com$"
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-GCS_RE = re.compile(r"^gs://(?P<bucket>[a-z0-9][a-z0-9._-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 _DURATION_RE = re.compile(r"^(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 RESERVED_ENV_PREFIX = "RUNNER_"
 

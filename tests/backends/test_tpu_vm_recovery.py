@@ -19,7 +19,7 @@ from runner.backends.tpu_vm import TpuVmBackend, TpuVmHandle
 from runner.cli import app
 from runner.errors import BackendError
 from runner.storage import open_storage
-from runner.teardown.interrupts import hurry
+from runner.interrupts import hurry
 from runner.timings import Timings
 from tests.cloudjobs import events, job, run_id_of, submit
 
@@ -219,5 +219,5 @@ def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_l
     status = json.loads(CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False).output)
     assert status["state"] == "lost"
     record = json.loads((Path(os.environ["RUNNER_HOME"]) / "runs" / f"{run_id}.json").read_text())
-    assert "STOPPED" in record["reason"] and "a stopped node runs no job" in record["reason"]
+    assert "STOPPED" in record["reason"] and "a stopped machine runs no job" in record["reason"]
     assert not cloud.nodes()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner import contract
-from runner.backends.engine import Engine
+from runner.launch.engine import Engine
 from runner.collect.facts import gather
 from runner.storage import open_storage
 from runner.watch.runs import RunRecord
