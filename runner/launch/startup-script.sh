@@ -97,7 +97,13 @@ exists() {
   esac
 }
 
-now() { date +%s.%N | cut -c1-14; }
+# Never empty (an event line without its time is not JSON): whole seconds, else bash's own clock, if date fails.
+now() {
+  local t
+  t=$(date +%s.%N 2>/dev/null | cut -c1-14)
+  [ -n "$t" ] || t=$(date +%s 2>/dev/null)
+  printf '%s' "${t:-${EPOCHREALTIME%%.*}}"
+}
 
 # event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
 event() {

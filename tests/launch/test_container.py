@@ -180,12 +180,13 @@ class _Container:
         return None if state == "true" else 0
 
 
-def test_sigterm_mid_epoch_in_the_container_saves_exactly_where_it_stopped(
+def test_sigterm_mid_epoch_in_the_container_saves_exactly_and_runner_resume_goes_on(
     use_container_engine: Engine, cpu_image: build.ImageResult, tmp_path: Path, runner_home: Path
 ) -> None:
-    """`docker stop` (a preemption, `runner cancel`) of a detached `--local` run mid-epoch: the SIGTERM reaches the
+    """`docker stop` (a preemption, `runner down`) of a detached `--local` run mid-epoch: the SIGTERM reaches the
     trainer through the init process and the supervisor, and the run directory is what a process run leaves (as
-    tests/train/test_trainer.py checks it): the step-exact checkpoint, no metrics row for the cut epoch, `cancelled`."""
+    tests/train/test_trainer.py checks it): the step-exact checkpoint, no metrics row for the cut epoch, `cancelled`.
+    Then `runner resume` runs the same image again, from that checkpoint: every step of the run once."""
     engine = use_container_engine
     training = json.dumps(TrainingSpec.model_validate(EXACT).model_dump(mode="json", exclude_defaults=True))
     spec = tmp_path / "job.yaml"
@@ -226,6 +227,19 @@ def test_sigterm_mid_epoch_in_the_container_saves_exactly_where_it_stopped(
     assert (exit_record["state"], exit_record["exit_code"]) == ("cancelled", 143)
     status = subprocess.run([*RUNNER, "status", record.run_id, "--json"], capture_output=True, text=True, timeout=120)
     assert json.loads(status.stdout)["state"] == "cancelled"
+
+    resumed = subprocess.run([*RUNNER, "resume", record.run_id], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming {record.run_id} (cancelled) as its attempt 2" in resumed.stdout
+    assert engine.title.split()[0] in resumed.stdout  # the plan's `runs as` names the engine: in the container again
+    log = (run_dir / contract.log_key(0)).read_text()
+    assert f"[trainer] resumed from {file}: epoch {epoch} step {step} of {STEPS} (global step {global_step})" in log
+    metrics = rows(run_dir / contract.METRICS)
+    assert [r["epoch"] for r in metrics] == [1, 2, 3]
+    assert [r.get("resumed_at_step") for r in metrics] == [step if r["epoch"] == epoch else None for r in metrics]
+    summary = json.loads((run_dir / contract.SUMMARY).read_text())
+    assert (summary["global_step"], summary["steps_this_attempt"]) == (3 * STEPS, 3 * STEPS - global_step)
+    assert summary["resumed_from"]["checkpoint"] == file
 
 
 def installed(engine: Engine, ref: str) -> dict[str, str]:
