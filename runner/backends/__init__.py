@@ -8,18 +8,20 @@ one registry the rest of the runner goes through without naming a backend:
 
 Every package has INFO (what a backend is, for collect and watch) and make(); the cloud ones also resolve(), their
 plan target from their catalog slice (runner.plan.target), findings() (the same checks, offline, for `runner
-validate`) and sweep() (their part of `runner gc`). A package is imported only when it is asked for, and none of
-them imports a Google SDK until a machine is.
+validate`) and sweep() (their part of `runner gc`, through sweeper() here). A package is imported only when it is
+asked for, and none of them imports a Google SDK until a machine is. A backend the table names whose package is
+missing is NotInstalled (a PlanError, exit 2), never an ImportError.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from runner.errors import StorageError
+from runner.errors import PlanError, RunnerError, StorageError
 from runner.timings import Timings
 
 if TYPE_CHECKING:
@@ -34,9 +36,17 @@ if TYPE_CHECKING:
     from runner.watch.runs import RunRecord
     from runner.watch.state import RunState
 
-CLOUD = ("tpu-vm",)
+CLOUD = ("tpu-vm", "compute-engine")
 NAMES = ("local", *CLOUD)
-_PACKAGES = {"local": "runner.backends.local", "tpu-vm": "runner.backends.tpu_vm"}
+_PACKAGES = {
+    "local": "runner.backends.local",
+    "tpu-vm": "runner.backends.tpu_vm",
+    "compute-engine": "runner.backends.compute_engine",
+}
+
+
+class NotInstalled(PlanError):
+    """A backend the registry names whose package this runner does not have (exit 2: nothing was created)."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +86,29 @@ class CloudPackage(Package, Protocol):
 
 def package(name: str) -> Package:
     """The backend package the registry names `name`; StorageError for a name it does not know (a run record from
-    another runner)."""
+    another runner), NotInstalled for one whose package is not there."""
     path = _PACKAGES.get(name)
     if path is None:
         raise StorageError(f"backend {name!r} is not one this runner knows ({', '.join(NAMES)})")
-    return cast(Package, importlib.import_module(path))
+    try:
+        return cast(Package, importlib.import_module(path))
+    except ModuleNotFoundError as exc:
+        if exc.name != path:
+            raise  # the package is there, and something it imports is not: a broken install, with its traceback
+        raise NotInstalled(
+            f"the {name} backend is not installed in this runner",
+            hint=f"its package {path} is missing; backends this runner has: {', '.join(installed())}",
+        ) from None
+
+
+def installed() -> list[str]:
+    """The registry's backends whose package is there (without importing any of them)."""
+    return [name for name, path in _PACKAGES.items() if importlib.util.find_spec(path) is not None]
+
+
+def is_cloud(name: str) -> bool:
+    """Whether `name` is one of the cloud backends (a run on a machine of its own), not this machine."""
+    return name in CLOUD
 
 
 def cloud(name: str) -> CloudPackage:
@@ -93,7 +121,7 @@ def info(name: str) -> BackendInfo:
     """What `name` is; a backend this runner does not know is taken for a cloud one that bills."""
     try:
         return package(name).INFO
-    except StorageError:
+    except RunnerError:  # another runner's backend, or one not installed here
         return BackendInfo(name, name)
 
 
@@ -126,9 +154,15 @@ def chosen(spec: JobSpec) -> tuple[str, str]:
 
 
 def resolver(spec: JobSpec) -> Callable[..., Target]:
-    """The chosen backend's plan target resolution (runner.plan.target.Resolve), its choice written on the target."""
+    """The chosen backend's plan target resolution (runner.plan.target.Resolve), its choice written on the target.
+    A backend that is not installed is a PlanError that also says what else is wrong with the spec there."""
     name, why = chosen(spec)
-    resolve = cloud(name).resolve
+    try:
+        resolve = cloud(name).resolve
+    except NotInstalled as exc:
+        more = [f for f in _common(spec, name) if f.error]
+        lines = "".join(f"\n  {f.message}" + (f" ({f.hint})" if f.hint else "") for f in more)
+        raise NotInstalled(f"{exc.message} ({why}){lines}", hint=exc.hint) from None
 
     def resolved(*args: Any, **kwargs: Any) -> Target:
         return replace(resolve(*args, **kwargs), choice=why)
@@ -144,11 +178,26 @@ def plan_cloud(spec: JobSpec, spec_path: str | None, **kwargs: Any) -> Plan:
 
 
 def findings(spec: JobSpec) -> tuple[AcceleratorType | None, list[compat.Finding]]:
-    """Where the spec would run, checked offline against its backend's catalog slice (`runner validate`)."""
-    return cloud(chosen(spec)[0]).findings(spec)
+    """Where the spec would run, checked offline against its backend's catalog slice (`runner validate`); for a
+    backend that is not installed, what the shared catalog says, and that."""
+    from runner.plan import compat
+
+    name, why = chosen(spec)
+    try:
+        return cloud(name).findings(spec)
+    except NotInstalled as exc:
+        accel, found = compat.common(spec, name)
+        return accel, [*found, compat.Finding(True, f"{exc.message} ({why})", exc.hint)]
 
 
-def sweep(name: str, timings: Timings) -> Sweep:
+def _common(spec: JobSpec, name: str) -> list[compat.Finding]:
+    from runner.plan import compat
+
+    return compat.common(spec, name)[1]
+
+
+def sweeper(name: str, timings: Timings) -> Sweep:
+    """`name`'s part of `runner gc` (its package's sweep()). Not called `sweep`: that is the module of Sweep."""
     return cloud(name).sweep(timings)
 
 

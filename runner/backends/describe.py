@@ -17,14 +17,15 @@ def capacity(plan: Plan) -> str:
 
 
 def shape(target: Target, kind: str) -> str:
-    """'v5p-8: 4 chips on 1 host(s), on-demand', or a multislice's whole."""
+    """'v5p-8: 4 chips (8 TensorCores, 4 JAX devices) on 1 host(s), on-demand', or a multislice's whole."""
     accel, slices = target.accelerator, target.slices
+    cores = f"{accel.tensorcores * slices} TensorCores, {accel.jax_devices * slices} JAX devices"
     if slices > 1:
         return (
-            f"{slices} slices of {accel.name} (multislice): {accel.chips * slices} chips on "
+            f"{slices} slices of {accel.name} (multislice): {accel.chips * slices} chips ({cores}) on "
             f"{accel.hosts * slices} host(s), {kind}"
         )
-    return f"{accel.name}: {accel.chips} chips on {accel.hosts} host(s), {kind}"
+    return f"{accel.name}: {accel.chips} chips ({cores}) on {accel.hosts} host(s), {kind}"
 
 
 def zones_row(target: Target) -> tuple[str, str]:
@@ -39,6 +40,8 @@ def cost_row(plan: Plan, target: Target) -> tuple[str, str]:
     """The estimate: the catalog's list price per chip-hour x chips, with the date the prices were read."""
     hours = plan.spec.teardown.max_runtime / 3600
     prices = catalog.prices_info()
+    if not target.accelerator.generation.priced:
+        return "est. cost", f"unknown: the catalog has no price for {target.accelerator.generation.title}"
     return (
         "est. cost",
         f"${target.price_per_hour:.2f}/hour; at most ${target.price_per_hour * hours:.2f} for max_runtime {hours:g} h  "

@@ -30,9 +30,9 @@ def report(
     strategy and devices, checkpoints, the startup breakdown and the cost; it opens with no network."""
     import json
 
+    from runner.backends import run_state
     from runner.collect.report import build, write
     from runner.storage import open_storage
-    from runner.backends import run_state
     from runner.watch.lookup import resolve
     from runner.watch.rundir import read_snapshot
 

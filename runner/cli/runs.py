@@ -27,9 +27,9 @@ def status(
     import json
 
     from runner import contract
+    from runner.backends import run_state
     from runner.collect.progress import standing
     from runner.collect.summary import failure_tail, summary_rows
-    from runner.backends import run_state
     from runner.collect.timeline import startup
     from runner.watch.logtext import one_line
     from runner.watch.lookup import resolve

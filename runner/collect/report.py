@@ -27,10 +27,10 @@ from typing import Any
 from runner import backends, contract
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
 from runner.collect.summary import rounded
-from runner.watch.logtext import one_line
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
+from runner.watch.logtext import one_line
 from runner.watch.rundir import Snapshot, number
 from runner.watch.runs import RunRecord, runner_home
 from runner.watch.state import RunState

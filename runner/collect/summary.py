@@ -27,7 +27,6 @@ def _join(run_dir: str, key: str) -> str:
     return f"{run_dir.rstrip('/')}/{key}"
 
 
-
 def rounded(value: Any) -> str:
     """A number as a table shows it: integers whole, floats to 4 decimals (0.9712, 2.3026), whole from 1000 on
     (1777), 3 significant digits below 0.001 (1.23e-05). Anything else as one line."""

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from runner.errors import BackendError, UsageError
 from runner.launch import engine as engines
 from runner.launch.engine import Engine
-from runner.errors import BackendError, UsageError
 from runner.launch.image import DOCKERFILE, REPO_ROOT, content_tag, image_exists, local_reference, reference
 from runner.launch.variants import VARIANTS
 

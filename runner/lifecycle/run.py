@@ -34,6 +34,7 @@ from typing import Any
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
@@ -41,7 +42,6 @@ from runner.lifecycle.resume import resume_note
 from runner.lifecycle.watchdog import Verdict, Watchdog, stopped_reason
 from runner.plan.planner import Plan
 from runner.storage import open_storage
-from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events

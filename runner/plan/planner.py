@@ -18,8 +18,8 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import variants
 from runner.launch.imageref import ImageRef
-from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
+from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
 
 T = TypeVar("T")
@@ -205,6 +205,16 @@ def check_image_variant(spec: JobSpec, device: str) -> None:
         )
 
 
+def check_priced(spec: JobSpec, target: Target) -> None:
+    """A budget becomes a deadline through the catalog's price: without one it would limit nothing."""
+    generation = target.accelerator.generation
+    if spec.budget is not None and not generation.priced:
+        raise PlanError(
+            f"budget: the catalog has no price for {generation.title}, so a budget cannot limit the run",
+            hint="drop `budget:` and bound the run with teardown.max_runtime",
+        )
+
+
 def plan_cloud(
     spec: JobSpec,
     spec_path: str | None,
@@ -250,6 +260,7 @@ def plan_cloud(
     check(lambda: check_image_variant(spec, "tpu"), None)
     target = resolve(spec, run_id, project=project, zone=zone, environ=environ, problems=found if collect else None)
     check(lambda: check_image_project(spec.image, target.project), None)
+    check(lambda: check_priced(spec, target), None)
     # The budget, where it is earlier, is the run's max_runtime from here on: deadline, VM watchdog, job safety net.
     limit = check(
         lambda: runtime_limit(spec, target.price_per_hour),

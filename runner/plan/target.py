@@ -121,7 +121,8 @@ def require_project(project: str | None, problems: Problems | None) -> str:
     if project:
         return project
     missing = PlanError(
-        "no Google Cloud project", hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`"
+        "no Google Cloud project",
+        hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
     )
     if problems is None:
         raise missing

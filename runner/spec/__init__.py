@@ -112,6 +112,12 @@ class AcceleratorSpec(_Model):
         None,
         description="Service account the TPU VM runs as (pulls the image, writes the run directory).",
     )
+    backend: Literal["auto", "tpu-vm", "compute-engine"] = Field(
+        "auto",
+        description="Which cloud creates the machine: tpu-vm (the Cloud TPU API: nodes, queued resources), "
+        "compute-engine (Compute Engine instances and managed instance groups), or auto: the catalog's default for "
+        "the type's generation (TPU7x only goes through compute-engine). `submit --local` runs on this machine.",
+    )
     provisioning: Literal["auto", "node", "queued"] = Field(
         "auto",
         description="How the TPU VM is asked for: node (create it, fail over to the next zone on a stockout), "

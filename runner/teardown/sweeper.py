@@ -252,15 +252,20 @@ def sweeper_for(
     if not project:
         raise UsageError("no project to sweep", hint="pass --project or `gcloud config set project PROJECT`")
     timings = Timings.from_env()
-    sweeps = [registry.sweep(name, timings) for name in (backends or registry.CLOUD)]
+    # Every cloud backend this runner has; one it does not have cannot have created anything from here (and the
+    # registry says so, with exit 2, when it is asked for by name).
+    names = backends or [name for name in registry.CLOUD if name in registry.installed()]
+    sweeps = [registry.sweeper(name, timings) for name in names]
     records = runs.list_records()
     chosen = set(zones or [])
     if all_zones or not zones:
-        names = {sweep.backend for sweep in sweeps}
+        swept = {sweep.backend for sweep in sweeps}
         chosen |= {z for sweep in sweeps for z in sweep.zones()}
-        chosen |= {str(r.handle["zone"]) for r in records if r.backend in names and r.handle.get("zone")}
+        chosen |= {str(r.handle["zone"]) for r in records if r.backend in swept and r.handle.get("zone")}
         if default := gcloud.default_zone():
             chosen.add(default)
     ended = {r.run_id: str(r.state) for r in records if r.state.is_terminal()}
     limits = Limits(timings.sweep_stale_heartbeat_s, timings.sweep_startup_grace_s, timings.storage_patience_s)
-    return Sweeper(sweeps, project, sorted(chosen), say=say, ended_runs=ended, poll_s=timings.sweep_poll_s, limits=limits)
+    return Sweeper(
+        sweeps, project, sorted(chosen), say=say, ended_runs=ended, poll_s=timings.sweep_poll_s, limits=limits
+    )

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from runner import contract
-from runner.launch.engine import Engine
 from runner.collect.facts import gather
+from runner.launch.engine import Engine
 from runner.storage import open_storage
 from runner.watch.runs import RunRecord
 from tests.cloudjobs import events, submit

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from runner.backends import container
-from runner.launch import engine
 from runner.errors import BackendError, UsageError
+from runner.launch import engine
 
 STAND_IN = """\
 #!{python}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runner.backends.tpu_api import TpuApi
+from runner.backends.tpu_vm.api import TpuApi
 from runner.cli import app
 from runner.storage import open_storage
 from tests.conftest import FAST_TIMINGS, REPO

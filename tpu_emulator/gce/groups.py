@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runner.backends.local import free_ports
+from runner.backends.local.backend import free_ports
 from tpu_emulator.gce import checks, errors, machines
 from tpu_emulator.gce.machines import MachineType
 from tpu_emulator.gce.resources import (

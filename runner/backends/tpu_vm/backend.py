@@ -63,7 +63,11 @@ class TpuVmBackend(Backend[TpuHandle]):
         self.attached = Attached(self.ctx)
 
     def _kind(self, handle: TpuHandle) -> Kind[Any]:
-        kinds: dict[type, Kind[Any]] = {NodeHandle: self.nodes, QueuedHandle: self.queued, AttachedHandle: self.attached}
+        kinds: dict[type, Kind[Any]] = {
+            NodeHandle: self.nodes,
+            QueuedHandle: self.queued,
+            AttachedHandle: self.attached,
+        }
         return kinds[type(handle)]
 
     # -- plan -------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion, OpResult, delete_and_confirm
 from runner.backends.tpu_vm.api import TpuApi, explain
 
-
 H = TypeVar("H", contravariant=True)
 
 

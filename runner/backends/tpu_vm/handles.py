@@ -78,7 +78,9 @@ def handle_of(data: dict[str, Any]) -> TpuHandle:
     """The handle a run record holds, of its kind; StorageError when it is none of them."""
     kind = data.get("kind")
     if kind is None:  # a record from before the kinds: read from its fields
-        kind = "attached" if data.get("created") is False else "queued resource" if data.get("queued_resource") else "node"
+        kind = (
+            "attached" if data.get("created") is False else "queued resource" if data.get("queued_resource") else "node"
+        )
     cls = _KINDS.get(str(kind))
     if cls is None:
         raise StorageError(f"the run record's machine handle {data!r} is not a TPU VM's (kind {kind!r})")

@@ -29,7 +29,7 @@ def findings(
     spec: JobSpec, zones: tuple[str, ...] | None = None
 ) -> tuple[catalog.AcceleratorType | None, list[compat.Finding]]:
     """Every finding about where `spec` would run on the Cloud TPU API (`runner validate` shows them offline)."""
-    return compat.check(spec, zones)
+    return compat.check(spec, NAME, zones)
 
 
 def resolve(
@@ -44,7 +44,8 @@ def resolve(
     """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials."""
     acc = spec.accelerator
     project, zones = location(spec, project=project, zone=zone, environ=environ)
-    accel, warnings = settle(*compat.check(spec, zones), problems)
+    checked, found = compat.check(spec, NAME, zones)
+    accel, warnings = settle(found, checked, problems)
     project = require_project(project, problems)
     zones = require_zones(zones, accel.zones, accel.name, "TPU VM", problems)
     runtime = acc.runtime_version or accel.generation.default_runtime or ""
