@@ -263,7 +263,7 @@ class ComputeApi:
             kind, where = "region_ops", {"region": scope.removeprefix("regions/")}
         op = self.call(kind, "get", f"read operation {name}", (project, zone), project=project, operation=name, **where)
         done = op.status == op.Status.DONE
-        ended = _rfc3339(op.end_time) if done and op.end_time else None
+        ended = timestamp(op.end_time) if done and op.end_time else None
         return OperationState(ref, done, failure_of_operation(op) if done else None, ended)
 
     def preempted_since(self, project: str, zone: str, target: str, since: float | None) -> bool:
@@ -279,7 +279,7 @@ class ComputeApi:
         )
         found = self.listed("zone_ops", "list", "operations", (project, zone), request=request)
         # A recreated VM has the name of the one preempted before it: only its own preemptions count.
-        return any(since is None or (_rfc3339(op.insert_time) or 0.0) >= since - 1 for op in found)
+        return any(since is None or (timestamp(op.insert_time) or 0.0) >= since - 1 for op in found)
 
 
 def operation_ref(op: Any) -> str:
@@ -291,7 +291,8 @@ def operation_ref(op: Any) -> str:
     return f"global/operations/{op.name}"
 
 
-def _rfc3339(text: str) -> float | None:
+def timestamp(text: str) -> float | None:
+    """An RFC 3339 time of Compute Engine's (creationTimestamp, insertTime) as seconds; None for none."""
     from datetime import datetime
 
     try:

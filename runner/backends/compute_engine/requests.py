@@ -1,8 +1,9 @@
-"""The requests the compute-engine backend sends, rendered from the plan as Compute Engine's REST JSON (compute.v1.json):
-an Instance for a single-host TPU VM; for a multi-host slice a ResourcePolicy (workload policy: HIGH_THROUGHPUT on
-the slice's acceleratorTopology), an InstanceTemplate, an InstanceGroupManager that names both, and for flex-start an
-InstanceGroupManagerResizeRequest that asks for all of its VMs at once. What `submit --dry-run` prints is exactly
-what is sent (tests/backends/compute_engine/test_requests.py checks every variant against the schema).
+"""The requests the compute-engine backend sends, rendered from the plan as Compute Engine's REST JSON
+(compute.v1.json): an Instance for a single-host TPU VM; for a multi-host slice a ResourcePolicy (workload policy:
+HIGH_THROUGHPUT on the slice's acceleratorTopology), an InstanceTemplate, an InstanceGroupManager that names both,
+and for flex-start an InstanceGroupManagerResizeRequest that asks for all of its VMs at once. What `submit
+--dry-run` prints is exactly what is sent (tests/backends/compute_engine/test_requests.py checks every variant
+against the schema).
 
 Compute Engine's instance templates, groups, resource policies and resize requests have no `labels` field: the
 run's labels go into their description (runner.backends.labels.in_description); the VMs carry them as labels.
@@ -23,6 +24,10 @@ from runner.plan.planner import Plan
 API_ROOT = "/compute/v1"
 MAX_NAME = 63  # instances, templates, groups, policies: [a-z]([-a-z0-9]{0,61}[a-z0-9])?
 MIG_SUFFIX = 5  # a group's VMs are named <base instance name>-xxxx
+# In a template's or workload policy's description beside the run's labels: the group it was made for, and the
+# group's zone (how `runner gc` finds it from that zone, and judges it with its group).
+GROUP = "tpu-runner-group"
+GROUP_ZONE = "tpu-runner-zone"
 
 
 def target_of(plan: Plan) -> ComputeTarget:
@@ -95,7 +100,10 @@ def properties(plan: Plan, zone: str, machine: str, *, template: bool) -> dict[s
         # An external address, as `gcloud compute instances create` gives by default: the VM reaches Artifact
         # Registry and Cloud Storage without Cloud NAT.
         "networkInterfaces": [
-            {"network": "global/networks/default", "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
+            {
+                "network": "global/networks/default",
+                "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}],
+            }
         ],
         "scheduling": scheduling(target),
         "metadata": {
@@ -122,24 +130,28 @@ def instance_request(plan: Plan, zone: str, name: str) -> dict[str, Any]:
     }
 
 
-def policy_request(plan: Plan, group: str) -> dict[str, Any]:
+def _follower_labels(plan: Plan, zone: str, group: str) -> dict[str, str]:
+    return {**labels.run_labels(plan.run_id, plan.spec.name, plan.deadline, plan.nonce), GROUP: group, GROUP_ZONE: zone}
+
+
+def policy_request(plan: Plan, zone: str, group: str) -> dict[str, Any]:
     """The workload policy of a slice: its VMs placed as one slice of the topology (required for TPU7x; a compact
     placement policy is refused: "Use workload policy instead")."""
     target = target_of(plan)
     assert target.topology is not None
-    run_labels = labels.run_labels(plan.run_id, plan.spec.name, plan.deadline, plan.nonce)
+    marks = _follower_labels(plan, zone, group)
     return {
         "name": names(group)[1],
-        "description": labels.in_description(_description(plan, f"the workload policy of group {group}"), run_labels),
+        "description": labels.in_description(_description(plan, f"the workload policy of group {group}"), marks),
         "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": target.topology},
     }
 
 
 def template_request(plan: Plan, zone: str, group: str) -> dict[str, Any]:
-    run_labels = labels.run_labels(plan.run_id, plan.spec.name, plan.deadline, plan.nonce)
+    marks = _follower_labels(plan, zone, group)
     return {
         "name": names(group)[0],
-        "description": labels.in_description(_description(plan, f"the VMs of group {group}"), run_labels),
+        "description": labels.in_description(_description(plan, f"the VMs of group {group}"), marks),
         "properties": properties(plan, zone, group, template=True),
     }
 
@@ -178,9 +190,17 @@ def slice_requests(plan: Plan, zone: str, group: str) -> list[tuple[str, str, di
     target = target_of(plan)
     project, region = target.project, zone.rsplit("-", 1)[0]
     out = [
-        ("policy", f"{API_ROOT}/projects/{project}/regions/{region}/resourcePolicies", policy_request(plan, group)),
+        (
+            "policy",
+            f"{API_ROOT}/projects/{project}/regions/{region}/resourcePolicies",
+            policy_request(plan, zone, group),
+        ),
         ("template", f"{API_ROOT}/projects/{project}/global/instanceTemplates", template_request(plan, zone, group)),
-        ("group", f"{API_ROOT}/projects/{project}/zones/{zone}/instanceGroupManagers", group_request(plan, zone, group)),
+        (
+            "group",
+            f"{API_ROOT}/projects/{project}/zones/{zone}/instanceGroupManagers",
+            group_request(plan, zone, group),
+        ),
     ]
     if target.provisioning_model == "FLEX_START":
         path = f"{API_ROOT}/projects/{project}/zones/{zone}/instanceGroupManagers/{group}/resizeRequests"
