@@ -105,6 +105,7 @@ class Groups:
                 return
             stockout = next((e for e in errors if e.code in STOCKOUT_CODES or GANG_STOCKOUT in e.message), None)
             if stockout is not None and not handle.resize_request:
+                self.ctx.say(f"instance group {handle.name}: {stockout.message}")  # the cloud's words, then a move
                 raise NoCapacity(
                     f"no capacity in {handle.zone} for the {target.topology} slice (stockout): {stockout.message}",
                     hint="list more zones under accelerator.zones, set retries.capacity_wait, or try flex-start "
@@ -196,12 +197,13 @@ class Groups:
         if group is None:
             return MachineState.GONE, None
         counts = group.status.current_instance_statuses
-        actions = group.current_actions
-        if group.target_size == 0 and actions.deleting:
+        if group.target_size == 0 and group.current_actions.deleting:
             return MachineState.DELETING, "DELETING"
         hosts = counts.running
         native = f"{hosts}/{group.target_size} RUNNING"
-        if (counts.stopping or counts.terminated or actions.recreating) and self._preempted(handle, group):
+        # Asked every time, not only while a VM is down: the group recreates a preempted VM within minutes, and the
+        # slice's job lost that host all the same.
+        if self._preempted(handle, group):
             return MachineState.PREEMPTED, f"{native} (a VM preempted)"
         if group.target_size and hosts == group.target_size:
             return MachineState.RUNNING, native

@@ -19,8 +19,8 @@ if not hasattr(local_backend, "free_ports"):
 
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.timings import Timings
-from tests.emulator.compute import Clients, quick_emulator  # noqa: E402  (after the import above is mended)
-from tpu_emulator import TpuEmulator  # noqa: E402
+from tests.emulator.compute import Clients, quick_emulator
+from tpu_emulator import TpuEmulator
 
 QUICK = Timings(api_poll_s=0.1, api_backoff_s=0.1, api_retry_initial_s=0.05, api_retry_deadline_s=5.0)
 

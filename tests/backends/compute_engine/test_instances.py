@@ -37,7 +37,9 @@ def test_an_instance_is_created_running_and_deleted(backend: ComputeEngineBacken
     assert backend.teardown(handle, wait_s=20) is True  # idempotent
 
 
-def test_a_stockout_moves_to_the_next_zone(backend: ComputeEngineBackend, emulator: TpuEmulator, said: list[str]) -> None:
+def test_a_stockout_moves_to_the_next_zone(
+    backend: ComputeEngineBackend, emulator: TpuEmulator, said: list[str]
+) -> None:
     emulator.compute.stockout("us-central1-b", count=1)
     handles: list[ComputeHandle] = []
     handle = backend.provision(plan("type: v6e-4, zones: [us-central1-b, us-east1-d]"), handles.append)
