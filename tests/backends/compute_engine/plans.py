@@ -15,10 +15,12 @@ IMAGE = f"us-central1-docker.pkg.dev/{PROJECT}/runner/trainer:test"
 COMMAND = "command: [python, -c, 'print(\"hi\")']\n"
 
 
-def spec_text(accelerator: str, *, storage: str = "gs://bucket/runs", body: str = COMMAND, extra: str = "") -> str:
+def spec_text(
+    accelerator: str, *, name: str = "ce", storage: str = "gs://bucket/runs", body: str = COMMAND, extra: str = ""
+) -> str:
     return (
         textwrap.dedent(f"""\
-        name: ce
+        name: {name}
         image: {IMAGE}
         accelerator: {{{accelerator}, project: {PROJECT}}}
         storage: {storage}
