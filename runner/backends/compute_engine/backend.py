@@ -38,7 +38,7 @@ class ComputeEngineBackend(Backend[ComputeHandle]):
     ephemeral = False
     ready_state = "RUNNING"
     stop_command = "gcloud compute instances stop"
-    stopped_states = ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED")
+    stopped_states = ("PENDING_STOP", "STOPPING", "DEPROVISIONING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED")
 
     def __init__(
         self,

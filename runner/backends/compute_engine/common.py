@@ -1,8 +1,9 @@
 """What the compute-engine backend's two flows (an instance, a slice's group) share: the API, how they poll, how
 they wait for an operation and how one of them deletes (runner.backends.deletion, with Compute Engine's operations).
 
-Compute Engine has no DELETING status: a deleted instance goes STOPPING, then is gone; a group being deleted shows
-its VMs STOPPING. What a deletion is under way in is therefore STOPPING, for instances and groups alike.
+Compute Engine has no DELETING status: a deleted instance goes PENDING_STOP or STOPPING (then DEPROVISIONING), then
+is gone. Those are the states a deletion may be under way in; one found there is watched, not asked again, and asked
+for once it has stopped (TERMINATED) if it has not gone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from runner.backends.deletion import Deletion, OpResult, delete_and_confirm
 from runner.errors import BackendError
 
 H = TypeVar("H", contravariant=True)
-GOING = ("STOPPING",)
+GOING = ("PENDING_STOP", "STOPPING", "DEPROVISIONING")
 
 
 class Kind(Protocol[H]):

@@ -23,6 +23,7 @@ from runner.backends.base import MachineState
 from runner.backends.compute_engine.api import GANG_STOCKOUT, STOCKOUT_CODES, operation_ref, timestamp
 from runner.backends.compute_engine.common import Context
 from runner.backends.compute_engine.handles import GroupHandle
+from runner.backends.compute_engine.instances import DOWN
 from runner.backends.compute_engine.requests import base_instance_name, names, slice_requests, target_of
 from runner.backends.deletion import Deletion
 from runner.backends.labels import NameTaken
@@ -119,7 +120,7 @@ class Groups:
                     f"{target.max_wait_s}s",
                     hint="raise accelerator.max_wait, or list more zones",
                 )
-            if any(m.instance_status in ("STOPPING", "TERMINATED") for m in members) and self._preempted(handle):
+            if any(m.instance_status in DOWN for m in members) and self._preempted(handle):
                 raise Preempted(f"a VM of instance group {handle.name} was preempted as soon as it was created")
             if time.time() > plan.deadline:
                 raise BackendError(f"instance group {handle.name} was not RUNNING when the run's max_runtime ran out")

@@ -33,11 +33,16 @@ STATES = {
     "PENDING": MachineState.CREATING,  # flex-start: waiting for capacity
     "REPAIRING": MachineState.CREATING,  # a host error: Compute Engine restarts it (or TERMINATEs it)
     "RUNNING": MachineState.RUNNING,
+    "PENDING_STOP": MachineState.STOPPED,  # shutting down gracefully: being stopped or deleted
     "STOPPING": MachineState.STOPPED,
+    "DEPROVISIONING": MachineState.STOPPED,  # halted, its resources being released
+    "STOPPED": MachineState.STOPPED,
     "SUSPENDING": MachineState.STOPPED,
     "SUSPENDED": MachineState.STOPPED,
     "TERMINATED": MachineState.STOPPED,
 }
+# Down, or going down: where a Spot VM's preemption shows.
+DOWN = ("PENDING_STOP", "STOPPING", "DEPROVISIONING", "STOPPED", "TERMINATED")
 PREEMPTED = "TERMINATED (preempted)"  # what a follower is shown for a preempted Spot VM
 
 
@@ -110,12 +115,12 @@ class Instances:
                 last = state
             if state == "RUNNING" or (done and found is None):
                 return ended_at  # a job short enough may already have deleted its VM: the watch sees it
-            if state in ("STOPPING", "TERMINATED") and self.preempted(handle, found):
+            if state in DOWN and self.preempted(handle, found):
                 raise Preempted(
                     f"instance {handle.name} was preempted as soon as it was created",
                     hint="Spot capacity is short here: list more zones, or drop accelerator.spot",
                 )
-            if state in ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"):
+            if state in (*DOWN, "SUSPENDING", "SUSPENDED"):
                 raise BackendError(f"instance {handle.name} went {state} while being created")
             if state == "PENDING" and done and time.monotonic() - t0 > target.max_wait_s:
                 raise NoCapacity(
@@ -167,7 +172,7 @@ class Instances:
         if found is None:
             return MachineState.GONE, None
         status = str(found.status)
-        if status in ("STOPPING", "TERMINATED") and self.preempted(handle, found):
+        if status in DOWN and self.preempted(handle, found):
             return MachineState.PREEMPTED, PREEMPTED
         return STATES.get(status, MachineState.UNKNOWN), status
 

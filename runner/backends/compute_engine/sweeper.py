@@ -4,7 +4,7 @@ workload policies made for the groups, zone by zone.
 A group's VMs are judged and deleted with their group, never on their own. Its template (global) and workload policy
 (regional) follow it (Found.follows): orphaned with it, deleted after it. They name their group and its zone in their
 description (requests.py), which is how a zone's scan finds them; one whose group is gone is judged by its labels
-alone. TERMINATED and SUSPENDED instances never run the job again: orphaned whatever their run says.
+alone. STOPPED, TERMINATED and SUSPENDED instances never run the job again: orphaned whatever their run says.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from runner.backends.compute_engine.api import ComputeApi, operation_ref, region
 from runner.backends.compute_engine.requests import GROUP, GROUP_ZONE, base_instance_name
 from runner.backends.sweep import Found, Sweep
 
-_DEAD = {"TERMINATED", "SUSPENDED"}
+_DEAD = {"STOPPED", "TERMINATED", "SUSPENDED"}
+_GOING = {"PENDING_STOP", "STOPPING", "DEPROVISIONING"}
 _FILTER = f'labels.{labels.MANAGED} = "{labels.MANAGED_BY}"'
 
 
@@ -76,7 +77,7 @@ class ComputeSweep(Sweep):
             created_at=timestamp(vm.creation_timestamp),
             run_dir=_items(vm.metadata).get(contract.RUN_DIR_METADATA),
             dead=f"it is {status} and can never run the job again" if status in _DEAD else None,
-            going=status == "STOPPING",
+            going=status in _GOING,
         )
 
     @staticmethod
