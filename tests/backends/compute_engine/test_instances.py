@@ -8,7 +8,7 @@ import pytest
 from runner.backends.base import MachineState
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import ComputeHandle, InstanceHandle
-from runner.errors import BackendError
+from runner.errors import BackendError, QuotaExceeded
 from tests.backends.compute_engine.plans import PROJECT, plan
 from tests.emulator.compute import wait_for
 from tpu_emulator import TpuEmulator
@@ -82,3 +82,28 @@ def test_a_delete_that_fails_is_asked_again_then_reported(
         backend.teardown(handle, wait_s=20)
     assert "still there" in failed.value.message and "gcloud compute instances delete" in (failed.value.hint or "")
     assert backend.status(handle) == MachineState.RUNNING  # nothing claims it is gone
+
+
+@pytest.mark.parametrize("in_operation", [False, True])
+def test_quota_stops_at_once_in_every_zone(
+    backend: ComputeEngineBackend, emulator: TpuEmulator, in_operation: bool
+) -> None:
+    emulator.compute.quota_exceeded("us-central1-b", in_operation=in_operation)
+    handles: list[ComputeHandle] = []
+    with pytest.raises(QuotaExceeded) as refused:
+        backend.provision(plan("type: v6e-4, zones: [us-central1-b, us-east1-d]"), handles.append)
+    assert [h.zone for h in handles] == ["us-central1-b"]  # no other zone fixes a quota
+    assert "TPU" in refused.value.message and "Quotas" in (refused.value.hint or "")
+    assert not emulator.compute.instances()
+
+
+def test_flex_start_waits_pending_for_capacity(
+    backend: ComputeEngineBackend, emulator: TpuEmulator, said: list[str]
+) -> None:
+    emulator.compute.stockout(ZONE, count=3)
+    handle = backend.provision(plan("type: tpu7x-8, zone: us-central1-c, provisioning: queued"), lambda h: None)
+    assert backend.status(handle) == MachineState.RUNNING
+    assert any(": PENDING (" in line for line in said)  # waited for capacity, its insert operation DONE
+    vm = emulator.compute.instance(handle.name)
+    assert vm is not None and vm.json["scheduling"]["provisioningModel"] == "FLEX_START"
+    backend.teardown(handle, wait_s=20)
