@@ -102,7 +102,7 @@ class Groups:
             if state != last:
                 self.ctx.say(f"instance group {handle.name}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
-            if running == target.hosts:
+            if running == target.hosts and waiting in (None, "SUCCEEDED"):  # flex-start: granted, by its own word
                 return
             stockout = next((e for e in errors if e.code in STOCKOUT_CODES or GANG_STOCKOUT in e.message), None)
             if stockout is not None and not handle.resize_request:

@@ -55,7 +55,7 @@ def test_a_gang_stockout_moves_the_slice_to_the_next_zone(
     emulator.compute.stockout("us-central1-a")  # every attempt there: the group would keep trying forever
     handles: list[ComputeHandle] = []
     handle = backend.provision(plan("type: v5p-16, zones: [us-central1-a, us-east5-a]"), handles.append)
-    assert [h.zone for h in handles] == ["us-central1-a", "us-east5-a"]
+    assert [h.zone for h in handles] == ["us-central1-a", "us-east5-a"] and isinstance(handle, GroupHandle)
     assert handle.zone == "us-east5-a" and backend.status(handle) == MachineState.RUNNING
     assert any("GCE_STOCKOUT" in line for line in said)
     # The stocked-out zone's group and policy were deleted before moving on; the template (global, one name) was

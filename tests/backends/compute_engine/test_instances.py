@@ -10,7 +10,7 @@ from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import ComputeHandle, InstanceHandle
 from runner.errors import BackendError, QuotaExceeded
 from tests.backends.compute_engine.plans import PROJECT, plan
-from tests.emulator.compute import wait_for
+from tests.emulator.compute import Clients, wait_for
 from tpu_emulator import TpuEmulator
 
 ZONE = "us-central1-c"
@@ -62,7 +62,7 @@ def test_a_preempted_spot_vm_is_told_from_its_own_state(backend: ComputeEngineBa
     assert backend.teardown(handle, wait_s=20) is True  # a preempted VM is deleted before it is made again
 
 
-def test_a_stopped_vm_is_stopped_not_preempted(backend: ComputeEngineBackend, gce, emulator: TpuEmulator) -> None:  # type: ignore[no-untyped-def]
+def test_a_stopped_vm_is_stopped_not_preempted(backend: ComputeEngineBackend, gce: Clients) -> None:
     handle = backend.provision(plan("type: tpu7x-2, zone: us-central1-c, spot: true"), lambda h: None)
     gce.wait(gce.instances.stop(project=PROJECT, zone=ZONE, instance=handle.name))
     assert backend.observe(handle) == (MachineState.STOPPED, "TERMINATED")

@@ -12,6 +12,7 @@ import pytest
 from runner.backends.compute_engine import findings
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.requests import API_ROOT, instance_request, slice_requests
+from runner.backends.compute_engine.target import ComputeTarget
 from runner.errors import PlanError
 from runner.plan.planner import Plan
 from runner.spec.loader import load_spec_text
@@ -72,7 +73,7 @@ def test_every_request_validates_against_compute_v1_json(variant: str) -> None:
 
 def test_a_reservation_bound_vm_names_its_reservation() -> None:
     p = plan("type: tpu7x-8, zone: us-central1-c, reserved: true")
-    assert p.cloud is not None
+    assert isinstance(p.cloud, ComputeTarget)
     bound = replace(p, cloud=replace(p.cloud, provisioning_model="RESERVATION_BOUND", reservation="ironwood-r1"))
     body = instance_request(bound, "us-central1-c", "vm")
     assert body["reservationAffinity"]["values"] == ["ironwood-r1"]
