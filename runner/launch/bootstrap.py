@@ -41,6 +41,7 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "PROJECT": cloud.project,
         "ZONE": "",  # filled per attempt: a stockout moves the node to the next zone
         "NODE": node_id or cloud.machine_id,  # a name collision gives the node another name than the plan's
+        "SELF_DELETE": cloud.self_delete,  # what the VM deletes when its job is over: its node, instance or group
         "JOB_WORKERS": cloud.trainer_workers,
         "NUM_WORKERS": str(plan.num_workers),  # every slice's
         "SLICES": str(cloud.slices),

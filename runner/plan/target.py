@@ -59,6 +59,12 @@ class Target:
     choice: str = ""  # why this backend: accelerator.backend, or what `auto` found in the catalog
 
     @property
+    def self_delete(self) -> str:
+        """What the VM's bootstrap deletes when its job is over (the startup script's SELF_DELETE): a Cloud TPU node
+        here; a backend whose machines are something else says what."""
+        return "tpu-node"
+
+    @property
     def hosts(self) -> int:
         """Hosts per slice."""
         return self.accelerator.hosts

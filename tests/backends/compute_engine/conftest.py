@@ -8,15 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import runner.backends.local as local_backend
 from runner.backends.compute_engine.api import ENDPOINT_ENV
-from runner.backends.local.backend import free_ports
-
-# The emulator imports runner.backends.local.free_ports, which the move of the local backend into a package left
-# out of its __init__ on this branch (INTEGRATION.md): until that is back, it is put where the emulator looks.
-if not hasattr(local_backend, "free_ports"):
-    local_backend.free_ports = free_ports  # type: ignore[attr-defined]
-
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.timings import Timings
 from tests.emulator.compute import Clients, quick_emulator

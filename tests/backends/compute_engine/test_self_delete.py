@@ -12,18 +12,11 @@ from runner.backends.base import MachineState
 from runner.backends.compute_engine.api import ENDPOINT_ENV
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import GroupHandle
-from runner.launch import bootstrap
 from runner.storage import open_storage
 from tests.backends.compute_engine.conftest import QUICK
 from tests.backends.compute_engine.plans import plan
 from tests.emulator.compute import wait_for
 from tpu_emulator import TpuEmulator
-
-pytestmark = pytest.mark.skipif(
-    "SELF_DELETE=" not in bootstrap.TEMPLATE.read_text(),
-    reason="the startup script does not yet delete a Compute Engine VM (INTEGRATION.md: SELF_DELETE)",
-)
-
 
 @pytest.mark.parametrize("accelerator", ["type: tpu7x-2, zone: us-central1-c", "type: tpu7x-16, zone: us-central1-c"])
 def test_the_vm_deletes_itself_when_its_job_is_over(
