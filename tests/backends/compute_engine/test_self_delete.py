@@ -18,6 +18,7 @@ from tests.backends.compute_engine.plans import plan
 from tests.emulator.compute import wait_for
 from tpu_emulator import TpuEmulator
 
+
 @pytest.mark.parametrize("accelerator", ["type: tpu7x-2, zone: us-central1-c", "type: tpu7x-16, zone: us-central1-c"])
 def test_the_vm_deletes_itself_when_its_job_is_over(
     cloud: TpuEmulator, bucket_url: str, monkeypatch: pytest.MonkeyPatch, accelerator: str
