@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner.backends import info
 from runner.collect.cost import price_for, run_cost
 from runner.collect.facts import gather
 from runner.collect.timeline import build_timeline, startup
@@ -160,7 +161,7 @@ def test_startup_and_timeline_of_a_machine_replaced_after_a_preemption() -> None
         ev(80, "provisioned", handle={"node_id": "job-2"}),
         ev(90, "job_started", "worker-0"),
     ]
-    s = startup(events, [], backend="tpu-vm")
+    s = startup(events, [], ready=info("tpu-vm").ready)
     assert s.ready_s == 20 and s.job_started_s == 25  # the first machine's, never the replacement's
     timeline = build_timeline(events, [])
     assert timeline.attempts == 2

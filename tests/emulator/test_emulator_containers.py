@@ -41,6 +41,7 @@ def container_cloud(
     emulator = TpuEmulator(workdir=tmp_path / "vms", gcs_endpoint=gcs_server, engine=container_engine, vm_grace_s=10)
     emulator.start()
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", emulator.endpoint)
+    monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", image_registry.endpoint)
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)

@@ -25,6 +25,7 @@ IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 @pytest.fixture
 def api(tpu_emulator, gcs: str, monkeypatch: pytest.MonkeyPatch) -> TpuApi:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
+    monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", tpu_emulator.endpoint)  # runner gc sweeps Compute Engine too
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)
