@@ -70,6 +70,6 @@ def test_the_installed_wheel_dry_runs_a_tpu_vm_job(wheel_env: Path, tmp_path: Pa
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLOUDSDK_CONFIG": "/nonexistent"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "startup-script (runs as root on every worker at boot):" in result.stdout
+    assert "startup-script (runs as root on every worker at boot" in result.stdout
     assert "DEADLINE=" in result.stdout and "v5litepod-8" in result.stdout
     assert "Traceback" not in result.stderr
