@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import backends, contract
-from runner.collect.cost import Price, RunCost, price_for, run_cost
+from runner.collect.cost import Price, RunCost, price_for, run_cost, unpriced
 from runner.collect.timeline import Startup, Timeline, build_timeline, startup
 from runner.storage import Storage
 from runner.watch.events import Event, read_events
@@ -175,7 +175,7 @@ class RunFacts:
     spec: dict[str, Any]
     events: list[Event]
     snapshot: Snapshot
-    cost: RunCost | None  # None: no TPU (a local run), or a type the catalog does not know
+    cost: RunCost | None  # None: no TPU (a local run), a type the catalog does not know or has no price of
     startup: Startup
     timeline: Timeline
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
@@ -195,6 +195,10 @@ class RunFacts:
             return self.cost.text()
         if (free := backends.info(self.record.backend).no_cost) is not None:
             return f"$0: {free}"
+        acc = self.spec.get("accelerator")
+        title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
+        if title is not None:
+            return f"not estimated: no list price of {title} is known (see its pricing page)"
         return "unknown: the run's accelerator type is not in this runner's catalog"
 
     def cost_cell(self) -> str:

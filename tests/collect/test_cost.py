@@ -36,6 +36,7 @@ def test_price_is_the_catalogs_per_chip_hour_times_chips() -> None:
     spot = price_for("v5litepod-8", spot=True)
     assert spot is not None and spot.per_chip_hour == gen.spot_price
     assert price_for("v99-8", spot=False) is None  # a type this catalog does not know: no figure, no guess
+    assert price_for("tpu7x-8", spot=False) is None  # one it knows without a list price: no $0 either
 
 
 def test_one_node_bills_from_ready_to_its_delete_request_idle_included() -> None:
