@@ -76,6 +76,7 @@ class Scenario:
     spot: bool = False
     provisioning: str | None = None  # accelerator.provisioning (None: the spec's default, auto)
     accelerator: str = "v2-8"  # accelerator.type (a v4 lives in MULTI_HOST_ZONE, not ZONES)
+    backend: str | None = None  # accelerator.backend (None: auto, which the catalog decides from the type)
     slices: int = 1  # accelerator.slices: above 1, a multislice
     zones: tuple[str, ...] = ZONES
     teardown: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +111,8 @@ class Scenario:
             acc["spot"] = True
         if self.provisioning:
             acc["provisioning"] = self.provisioning
+        if self.backend:
+            acc["backend"] = self.backend
         doc: dict[str, Any] = {"name": "faults", "image": image, "accelerator": acc, "storage": storage}
         if isinstance(self.job, Train):
             doc["training"] = self.job.section(data)
@@ -132,6 +135,7 @@ class Scenario:
             spot=self.spot,
             provisioning=self.provisioning,
             accelerator=self.accelerator,
+            backend=self.backend,
             slices=self.slices,
             zones=self.zones,
             teardown=self.teardown,

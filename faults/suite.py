@@ -326,9 +326,13 @@ class Suite:
             return None
 
     def _settle(self, ctx: Ctx, settle_s: float = 30.0) -> int:
-        """This run's nodes left once it is over, after a short settle (a VM deleting itself, a delete going on)."""
-        ctx.wait_for(lambda: not ctx.own_nodes(), timeout=settle_s)
-        return len(ctx.own_nodes())
+        """This run's machines left once it is over, after a short settle (a VM deleting itself, a delete going
+        on): TPU nodes, and on Compute Engine its instances, group, template and workload policy."""
+        ctx.wait_for(lambda: not ctx.own_nodes() and not ctx.own_compute_resources(), timeout=settle_s)
+        left = ctx.own_compute_resources()
+        if left:
+            ctx.problem(f"left on Compute Engine: {', '.join(left)}")
+        return len(ctx.own_nodes()) + len(left)
 
     def _status(self, ctx: Ctx) -> str:
         if ctx.run_id is None:

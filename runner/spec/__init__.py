@@ -18,7 +18,9 @@ from runner.storage import GCS_RE
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
 NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
 TPU_TYPE_RE = r"^[a-z][a-z0-9]*-[0-9]+$"  # GENERATION-SIZE; which generations exist is the catalog's (plan)
-ZONE_RE = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
+# A zone (us-central1-a), or an AI zone (us-central1-ai1a: cloud.google.com/compute/docs/regions-zones/ai-zones),
+# where the catalog has TPU7x.
+ZONE_RE = r"^[a-z]+-[a-z]+[0-9]+-(ai[0-9]+)?[a-z]$"
 NODE_RE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 PROJECT_RE = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
 SERVICE_ACCOUNT_RE = r"^[^@\s]+@[^@\s]+\.iam\.gserviceaccount\.com$"
