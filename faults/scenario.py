@@ -40,13 +40,14 @@ class Train:
     examples: int = 1024
     batch_size: int = 128
     test_examples: int = 256
+    framework: str | None = None  # training.framework (None: the spec's default, TensorFlow; TPU7x needs jax)
 
     @property
     def steps_per_epoch(self) -> int:
         return self.examples // self.batch_size
 
     def section(self, data: str | None) -> dict[str, Any]:
-        return {
+        return ({"framework": self.framework} if self.framework else {}) | {
             "model": "mnist_mlp",
             "epochs": self.epochs,
             "batch_size": self.batch_size,

@@ -17,12 +17,13 @@ V6E, V6E_ZONES = "v6e-4", ("us-central1-b", "us-east1-d")  # one ct6e-standard-4
 
 CASES = (
     # Epochs of 1536 steps, as preemption-x2 uses: long enough for the bucket's progress.json to show one mid-way.
+    # Keras 3 on JAX: TPU7x runs no TensorFlow (the plan refuses it).
     Scenario(
         "ce-preempt-mid-epoch",
         "Compute Engine: Spot VM preempted mid-epoch (tpu7x-2)",
         "succeeded",
         0,
-        job=Train(epochs=3, examples=24576, batch_size=16),
+        job=Train(epochs=3, examples=24576, batch_size=16, framework="jax"),
         spot=True,
         accelerator=ONE_CHIP,
         zones=(ZONE,),
@@ -53,6 +54,7 @@ CASES = (
         during=(actions.kill_runner_after("the instance being created", actions.ce_creating),),
         after=(actions.ce_gc((ZONE,)),),
         checks=(checks.ce_gc_swept("instance"),),
+        fast=True,
     ),
     # Every delete fails (the VM's own and each of the runner's): the run must say what bills and how to delete it.
     Scenario(
@@ -66,6 +68,7 @@ CASES = (
         after=(actions.ce_delete_refused_then_down,),
         checks=(checks.ce_left_and_how_to_delete,),
         idle_goal=False,  # the instance bills until `runner down` once the refusal is lifted: a person's time
+        fast=True,
     ),
     # A 2x2x2 slice whose runner was killed while its group was being created: `runner gc` deletes the group, then
     # its instance template and workload policy.
@@ -81,5 +84,6 @@ CASES = (
         during=(actions.kill_runner_after("the slice being created", actions.ce_creating),),
         after=(actions.ce_gc((ZONE,)),),
         checks=(checks.ce_gc_swept("instance group", "instance template", "workload policy"),),
+        fast=True,
     ),
 )
