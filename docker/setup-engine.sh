@@ -2,12 +2,12 @@
 # What building and running the trainer image needs on this machine (`make containers`, run by `make test`): a
 # container engine that answers, and the Python base image docker/Dockerfile starts FROM.
 #
-#   docker/setup-engine.sh PYTHON      PYTHON: the project's venv interpreter (runs runner.backends.engine)
+#   docker/setup-engine.sh PYTHON      PYTHON: the project's venv interpreter (runs runner.launch.engine)
 #
 # - A Docker engine that answers (or RUNNER_CONTAINER_ENGINE=docker): nothing to do; Docker pulls the base itself.
 # - Otherwise Podman: Debian's packages (podman runc catatonit debootstrap docker-registry) are installed when one is
 #   missing (apt-get, as root or through sudo), the project's Podman settings are written into the cache
-#   (`python -m runner.backends.engine setup`: never /etc), and the base image is pulled, or, where no registry
+#   (`python -m runner.launch.engine setup`: never /etc), and the base image is pulled, or, where no registry
 #   answers, made from Debian's packages (docker/base-image.sh, about 2 minutes, once per machine).
 #
 # Exit status 0 when the engine and the base image are ready, 1 when not (the reason on stderr). `make containers`
@@ -55,7 +55,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   say "installed in $(($(seconds) - start)) s"
 fi
 
-eval "$("$python" -m runner.backends.engine setup)"
+eval "$("$python" -m runner.launch.engine setup)"
 export CONTAINERS_CONF CONTAINERS_STORAGE_CONF CONTAINERS_REGISTRIES_CONF
 if ! version="$(podman version --format '{{.Server.Version}}' 2>&1)"; then
   say "podman does not answer: ${version}"

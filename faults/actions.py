@@ -205,7 +205,7 @@ def runner_down(ctx: Ctx, expect_exit: int = 0) -> None:
     if ctx.run_id is None:
         ctx.problem("no run record: nothing to bring down")
         return
-    states = sorted({n.state for n in ctx.own_nodes()})
+    states = sorted({n.state for n in ctx.own_nodes()} | {i.status for i in ctx.own_instances()})
     t0 = time.time()
     done = ctx.cli("down", ctx.run_id)
     ctx.numbers["down_s"] = round(time.time() - t0, 2)
@@ -214,7 +214,7 @@ def runner_down(ctx: Ctx, expect_exit: int = 0) -> None:
     ctx.numbers["down_delete_after_s"] = round(deletes[0], 2) if deletes else None
     said = (done.stdout + done.stderr).strip().splitlines()
     ctx.numbers["down_output"] = said
-    ctx.note(f"`runner down` found the node {', '.join(states) or 'gone'}; exit {done.returncode} after "
+    ctx.note(f"`runner down` found the machine {', '.join(states) or 'gone'}; exit {done.returncode} after "
              f"{ctx.numbers['down_s']}s, its DELETE {'never sent' if not deletes else f'after {deletes[0]:.1f}s'}: "
              f"{said[-2:]}")  # fmt: skip
     if done.returncode != expect_exit:
@@ -383,3 +383,70 @@ def billing_shown_then_down(ctx: Ctx) -> None:
         "list_cost_cell": listed.get("cost_cell"),
         "status_text": said["text"].stdout.splitlines(),
     }
+
+
+# -- Compute Engine (the compute-engine backend: instances, and a slice's managed instance group) ---------------
+
+
+def ce_preempt_mid_epoch(ctx: Ctx) -> None:
+    """Preempt the run's Spot instance once the bucket's progress.json shows its job in the first half of an epoch
+    before the last (as preempt_mid_epoch does for a TPU node)."""
+
+    def found() -> tuple[str, dict[str, Any]] | None:
+        progress = ctx.read_json("progress.json")
+        if not isinstance(progress, dict):
+            return None
+        step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
+        if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
+            return None
+        name = ctx.running_instance()
+        return (name, progress) if name else None
+
+    hit = ctx.wait_for(found, timeout=ctx.case.timeout_s, interval=0.2)
+    if hit is None:
+        ctx.problem("never saw progress.json in the middle of an epoch on a RUNNING instance: no preemption")
+        return
+    name, progress = hit
+    ctx.emulator.compute.preempt(name)
+    ctx.preemptions.append({"time": time.time(), "at_checkpoint": ctx.manifest_epoch() or 0, "progress": progress})
+    ctx.note(
+        f"preempted instance {name} at progress.json epoch {progress['epoch']} step {progress['step']}/"
+        f"{progress['steps_per_epoch']} (global step {progress['global_step']})"
+    )
+
+
+def ce_creating(ctx: Ctx) -> bool:
+    """The run's instance (or a VM of its slice) is being created: PROVISIONING or STAGING."""
+    return any(i.status in ("PROVISIONING", "STAGING") for i in ctx.own_instances())
+
+
+def ce_gc(zones: tuple[str, ...], startup_grace_s: float = 3.0) -> Hook:
+    """After: `runner gc` over `zones`, as the user whose runner was killed runs it later. Later is rehearsed by a
+    short startup grace (sweep_startup_grace_s, 20 min by default): a machine that old with no job on it is an
+    orphan. Waits for that age first (by the API's clock the creation is a moment ago)."""
+
+    def after(ctx: Ctx) -> None:
+        held = ctx.own_compute_resources()
+        ctx.numbers["before_gc"] = held
+        time.sleep(startup_grace_s + 1)
+        env = dict(ctx.env)
+        timings = ",".join(filter(None, (env.get("RUNNER_TIMINGS"), f"sweep_startup_grace_s={startup_grace_s}")))
+        env["RUNNER_TIMINGS"] = timings
+        saved, ctx.env = ctx.env, env
+        try:
+            swept = ctx.cli("gc", "--project", PROJECT, *(arg for zone in zones for arg in ("--zone", zone)))
+        finally:
+            ctx.env = saved
+        ctx.numbers["gc_exit"] = swept.returncode
+        ctx.numbers["gc_output"] = (swept.stdout + swept.stderr).strip().splitlines()
+        ctx.note(f"before `runner gc`: {', '.join(held) or 'nothing'}; gc exit {swept.returncode}")
+
+    return after
+
+
+def ce_delete_refused_then_down(ctx: Ctx) -> None:
+    """After: every delete failed, so the instance bills on; what the run said is kept for the check, then the
+    refusal is lifted and `runner down RUN` (the command the run named) deletes it."""
+    ctx.numbers["left_after_run"] = ctx.own_compute_resources()
+    ctx.emulator.compute.faults.clear()
+    runner_down(ctx)

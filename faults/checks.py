@@ -515,3 +515,50 @@ def log_upload_volume(expected_bytes: int, digest: str) -> Check:
             result.problems.append(f"`runner logs` printed {len(shown.stdout)} bytes that differ from the job's output")
 
     return check
+
+
+# -- Compute Engine ---------------------------------------------------------------------------------------------
+
+
+def ce_created_in(zone: str) -> Check:
+    """The instance the job ran on was created in `zone` (accepted inserts, zone by zone, as the emulator saw them)."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        inserts = [
+            (r.path.split("/")[6], r.status)
+            for r in ctx.emulator.requests
+            if r.method == "POST" and r.path.startswith("/compute/v1/projects/") and r.path.endswith("/instances")
+        ]
+        result.notes.append(f"instance inserts (zone, HTTP status): {inserts}")
+        runner_out = (ctx.home.parent / "runner.out").read_text(errors="replace")
+        if f"in {zone}" not in runner_out or not inserts or inserts[-1][0] != zone:
+            result.problems.append(f"the instance was not created in {zone}: {inserts}")
+
+    return check
+
+
+def ce_gc_swept(*kinds: str) -> Check:
+    """`runner gc` found each of `kinds` of the run (instance, instance group, ...) orphaned and deleted it."""
+
+    def check(ctx: Ctx, result: RunResult) -> None:
+        said = ctx.numbers.get("gc_output") or []
+        result.notes.append("runner gc: " + " | ".join(line for line in said if "deleted" in line or "ORPHAN" in line))
+        if ctx.numbers.get("gc_exit") != 0:
+            result.problems.append(f"`runner gc` exited {ctx.numbers.get('gc_exit')}: {said[-3:]}")
+        for kind in kinds:
+            if not any(line.startswith(f"runner: deleted {kind} ") for line in said):
+                result.problems.append(f"`runner gc` did not delete the run's {kind}")
+
+    return check
+
+
+def ce_left_and_how_to_delete(ctx: Ctx, result: RunResult) -> None:
+    """Every delete failed: the run must name the instance still billing and say how to delete it."""
+    said = (ctx.home.parent / "runner.out").read_text(errors="replace")
+    name = ctx.run_id or "?"
+    lines = [line for line in said.splitlines() if name in line and ("bill" in line or "delete" in line)]
+    result.notes.append("the run said: " + " | ".join(lines[-2:]))
+    if not ctx.numbers.get("left_after_run"):
+        result.problems.append("nothing was left after the run: the deletes did not fail")
+    if not any("runner down" in line or "gcloud compute" in line for line in said.splitlines()):
+        result.problems.append("the run did not say how to delete what is left")

@@ -160,6 +160,31 @@ class Ctx:
         """This run's nodes: what the runner created (another run's label, or none, is not ours)."""
         return [n for n in self.emulator.nodes() if n.labels.get("tpu-runner-run") == self.run_id]
 
+    def own_instances(self) -> list[Any]:
+        """This run's Compute Engine instances (its own, or its slice group's: they carry the run's label)."""
+        return [i for i in self.emulator.compute.instances() if i.labels.get("tpu-runner-run") == self.run_id]
+
+    def own_compute_resources(self) -> list[str]:
+        """Everything of this run Compute Engine still holds: instances, and a slice's group, instance template and
+        workload policy (named after the run), as 'kind name'."""
+        if self.run_id is None:
+            return []
+        cloud = self.emulator.compute.cloud
+        with cloud.lock:
+            held = [("instance group", p) for p in cloud.groups.items]
+            held += [("instance template", p) for p in cloud.templates]
+            held += [("workload policy", p) for p in cloud.policies]
+        found = [f"instance {i.name}" for i in self.own_instances()]
+        return found + [f"{kind} {p.rsplit('/', 1)[-1]}" for kind, p in held if self.run_id in p.rsplit("/", 1)[-1]]
+
+    def running_instance(self) -> str | None:
+        """This run's RUNNING instance while its job has not ended, or None."""
+        store = self.storage()
+        running = [i for i in self.own_instances() if i.status == "RUNNING"]
+        if not running or store is None or store.list("exit/"):
+            return None
+        return str(running[0].name)
+
     def others_nodes(self) -> list[Any]:
         return [n for n in self.emulator.nodes() if n.labels.get("tpu-runner-run") != self.run_id]
 

@@ -40,13 +40,14 @@ class Train:
     examples: int = 1024
     batch_size: int = 128
     test_examples: int = 256
+    framework: str | None = None  # training.framework (None: the spec's default, TensorFlow; TPU7x needs jax)
 
     @property
     def steps_per_epoch(self) -> int:
         return self.examples // self.batch_size
 
     def section(self, data: str | None) -> dict[str, Any]:
-        return {
+        return ({"framework": self.framework} if self.framework else {}) | {
             "model": "mnist_mlp",
             "epochs": self.epochs,
             "batch_size": self.batch_size,
@@ -76,6 +77,7 @@ class Scenario:
     spot: bool = False
     provisioning: str | None = None  # accelerator.provisioning (None: the spec's default, auto)
     accelerator: str = "v2-8"  # accelerator.type (a v4 lives in MULTI_HOST_ZONE, not ZONES)
+    backend: str | None = None  # accelerator.backend (None: auto, which the catalog decides from the type)
     slices: int = 1  # accelerator.slices: above 1, a multislice
     zones: tuple[str, ...] = ZONES
     teardown: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +112,8 @@ class Scenario:
             acc["spot"] = True
         if self.provisioning:
             acc["provisioning"] = self.provisioning
+        if self.backend:
+            acc["backend"] = self.backend
         doc: dict[str, Any] = {"name": "faults", "image": image, "accelerator": acc, "storage": storage}
         if isinstance(self.job, Train):
             doc["training"] = self.job.section(data)
@@ -132,6 +136,7 @@ class Scenario:
             spot=self.spot,
             provisioning=self.provisioning,
             accelerator=self.accelerator,
+            backend=self.backend,
             slices=self.slices,
             zones=self.zones,
             teardown=self.teardown,

@@ -47,7 +47,7 @@ from runner.errors import StorageError
 from runner.storage import Storage, open_storage
 
 if TYPE_CHECKING:
-    from runner.backends.engine import Engine
+    from runner.launch.engine import Engine
     from tpu_emulator.registry import LocalRegistry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ class Suite:
         checkout's cpu image, built if needed: tpu_emulator.registry.trainer_image). Set up once, on first need;
         RuntimeError, saying why, where there is no engine."""
         if self._containers is None:
-            from runner.backends import engine as engines
+            from runner.launch import engine as engines
             from tpu_emulator.registry import LocalRegistry, trainer_image
 
             found = engines.detect()
@@ -202,6 +202,7 @@ class Suite:
         registry = self.containers()[1].endpoint if case.container else None
         env.update(
             RUNNER_TPU_ENDPOINT=emulator_endpoint,
+            RUNNER_COMPUTE_ENDPOINT=emulator_endpoint,  # the emulator serves Compute Engine's API on the same port
             # The emulator doubles as the registry, unless the case runs the real image from a real one.
             RUNNER_REGISTRY_ENDPOINT=case.registry or registry or emulator_endpoint,
             STORAGE_EMULATOR_HOST=proxy_url if case.runner_via_proxy and proxy_url else self.gcs,
@@ -325,9 +326,13 @@ class Suite:
             return None
 
     def _settle(self, ctx: Ctx, settle_s: float = 30.0) -> int:
-        """This run's nodes left once it is over, after a short settle (a VM deleting itself, a delete going on)."""
-        ctx.wait_for(lambda: not ctx.own_nodes(), timeout=settle_s)
-        return len(ctx.own_nodes())
+        """This run's machines left once it is over, after a short settle (a VM deleting itself, a delete going
+        on): TPU nodes, and on Compute Engine its instances, group, template and workload policy."""
+        ctx.wait_for(lambda: not ctx.own_nodes() and not ctx.own_compute_resources(), timeout=settle_s)
+        left = ctx.own_compute_resources()
+        if left:
+            ctx.problem(f"left on Compute Engine: {', '.join(left)}")
+        return len(ctx.own_nodes()) + len(left)
 
     def _status(self, ctx: Ctx) -> str:
         if ctx.run_id is None:

@@ -10,7 +10,7 @@
 #   make base-image   (re)make the Python base image from Debian's packages (debootstrap), ONLY for a machine that
 #                     cannot pull the real one (no route to Docker Hub); `make containers` falls back to it by itself
 #
-# RUNNER_CONTAINER_ENGINE=docker|podman picks the engine where both are there (runner/backends/engine.py).
+# RUNNER_CONTAINER_ENGINE=docker|podman picks the engine where both are there (runner/launch/engine.py).
 
 .PHONY: containers podman base-image
 
@@ -23,4 +23,4 @@ podman: $(STAMP)  ## Podman from Debian's packages, its settings in the cache, a
 	RUNNER_CONTAINER_ENGINE=podman docker/setup-engine.sh $(PY)
 
 base-image: $(STAMP)  ## (re)make the Python base image from Debian's packages: only where it cannot be pulled
-	eval "$$($(PY) -m runner.backends.engine setup)" && docker/base-image.sh
+	eval "$$($(PY) -m runner.launch.engine setup)" && docker/base-image.sh

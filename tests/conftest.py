@@ -85,8 +85,10 @@ def tpu_emulator(tmp_path: Path, gcs_server: str) -> Iterator[TpuEmulator]:
 
 @pytest.fixture
 def cloud(tpu_emulator: TpuEmulator, gcs: str, monkeypatch: pytest.MonkeyPatch) -> TpuEmulator:
-    """Both emulators, and the runner pointed at them the way a user would: two environment variables."""
+    """Both emulators, and the runner pointed at them the way a user would: environment variables (the emulator
+    serves the Cloud TPU API and Compute Engine's on one endpoint; `runner gc` sweeps both)."""
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
+    monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     # The emulator answers in fractions of a second: the production polls and backoffs (5 s) would only slow tests.

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.backends import engine as engines
-from runner.backends.engine import Engine
 from runner.launch import build
+from runner.launch import engine as engines
+from runner.launch.engine import Engine
 from tpu_emulator import registry as registries
 from tpu_emulator.registry import LocalRegistry
 

@@ -127,7 +127,12 @@ def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> P
     os.kill(pid, signal.SIGSTOP)
     proc.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 60
-    while not sigterm_pending(pid):
+    while True:
+        try:
+            if sigterm_pending(pid):
+                break
+        except FileNotFoundError:  # a stopped job goes only by SIGKILL: say what the runner printed
+            pytest.fail(f"{what}: the stopped job was killed:\n{proc.communicate()[0][-3000:]}")
         assert time.monotonic() < deadline, f"{what}: the runner never stopped the job"
         time.sleep(0.01)
     os.kill(pid, signal.SIGCONT)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine, registry = None, None
     if args.engine:
-        from runner.backends import engine as engines
+        from runner.launch import engine as engines
         from tpu_emulator.registry import LocalRegistry
 
         engine = engines.probe(args.engine)
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  and for Compute Engine instances: {emulator.workdir}/compute/<project>/<zone>/<instance>/")
     print("\nPoint the runner (and your shell) at it:\n")
     print(f"  export RUNNER_TPU_ENDPOINT={emulator.endpoint}")
+    print(f"  export RUNNER_COMPUTE_ENDPOINT={emulator.endpoint}")
     if registry is not None and engine is not None:
         print(f"  export RUNNER_REGISTRY_ENDPOINT={registry.endpoint}   # the registry the VMs pull from")
         print(f"\nThe VMs run containers under {engine.title}. Push an image for them, e.g.:\n")

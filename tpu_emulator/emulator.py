@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from runner.backends.engine import Engine
+from runner.launch.engine import Engine
 from runner.plan import catalog
 from tpu_emulator import metadata
 from tpu_emulator.admin import Admin
@@ -370,7 +370,7 @@ class TpuEmulator:
         create, it runs its startup-script if `metadata` has one. The type defaults to the smallest single-host
         type offered in `zone`, the runtime to its generation's default."""
         if accelerator_type is None:
-            offered = [t for t in catalog.all_types() if zone in t.zones]
+            offered = [t for t in catalog.all_types() if zone in t.zones and t.generation.in_tpu_api]
             if not offered:
                 raise ApiError("INVALID_ARGUMENT", f"no accelerator type is offered in zone {zone}")
             accelerator_type = min(offered, key=lambda t: (t.hosts, t.chips)).name

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from runner.backends import engine as engines
-from runner.backends.engine import Engine
+from runner.launch import engine as engines
+from runner.launch.engine import Engine
 
 BINARIES = ("docker-registry", "registry")  # Debian's name, upstream's
 # The port when it is free, else any: Podman remembers the compressed digest of each layer it pushed per registry

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.backends.tpu_api import CLOUD_PLATFORM
+from runner.credentials import CLOUD_PLATFORM
 from runner.plan import catalog
 from tpu_emulator import codec
 from tpu_emulator.vm import VmGroup

@@ -259,7 +259,8 @@ def _method_path(what: str) -> str:
 
 
 def _zones() -> list[str]:
-    return sorted({z for g in catalog.generations().values() for z in (*g.single_host_zones, *g.multi_host_zones)})
+    served = [g for g in catalog.generations().values() if g.in_tpu_api]
+    return sorted({z for g in served for z in (*g.single_host_zones, *g.multi_host_zones)})
 
 
 class Api:
@@ -358,7 +359,7 @@ class Api:
         items = [
             {"name": f"{parent}/acceleratorTypes/{t.name}", "type": t.name}
             for t in catalog.all_types()
-            if zone in t.zones
+            if zone in t.zones and t.generation.in_tpu_api
         ]
         return Response.json(_page(items, request.query, "acceleratorTypes", lambda x: x))
 
@@ -368,7 +369,7 @@ class Api:
             accel = catalog.accelerator(name)
         except catalog.CatalogError:
             raise not_found(full) from None
-        if zone not in accel.zones:
+        if zone not in accel.zones or not accel.generation.in_tpu_api:
             raise not_found(full)
         return Response.json({"name": full, "type": accel.name})
 

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from runner.backends.local import free_ports
+from runner.backends.local.backend import free_ports
 from runner.plan import catalog
 from tpu_emulator import codec, errors, validate
 from tpu_emulator.errors import ApiError, already_exists, invalid, not_found

@@ -47,7 +47,7 @@ def accelerator_name(node: dict[str, Any], prefix: str) -> tuple[str | None, Vio
             return None, [(f"{prefix}.accelerator_type", "Either acceleratorType or acceleratorConfig is required.")]
         return name, []
     # AcceleratorConfig.Type -> the catalog's generation name.
-    config_generations = {g.api_type: name for name, g in catalog.generations().items()}
+    config_generations = {g.api_type: name for name, g in catalog.generations().items() if g.in_tpu_api}
     gen_name = config_generations.get(str(config.get("type", "")))
     dims = str(config.get("topology", "")).split("x")
     if gen_name is None or not all(d.isdigit() and int(d) > 0 for d in dims):
@@ -82,7 +82,10 @@ def validate_node(
     if name:
         try:
             accel = catalog.accelerator(name)
+            if not accel.generation.in_tpu_api:  # TPU7x and later: Compute Engine's, never the Cloud TPU API's
+                raise catalog.CatalogError(f"{accel.generation.title} is not served by the Cloud TPU API")
         except catalog.CatalogError as exc:
+            accel = None
             problems.append(
                 (
                     f"{prefix}.accelerator_type",

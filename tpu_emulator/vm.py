@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.backends import container
-from runner.backends.engine import Engine
+from runner.launch.engine import Engine
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
 # Seconds a VM's clock is off (the clock_skew fault): its `date` (a shim first on its PATH) and its Python's

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from runner.backends import container
-from runner.backends.engine import ENGINES, Engine, EngineName
+from runner.launch.engine import ENGINES, Engine, EngineName
 from tpu_emulator.vm import MARKER
 
 ENGINE_ENV = "RUNNER_EMULATOR_ENGINE"  # "<name> <version>": the engine the VMs' containers run under

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from faults.scenario import Scenario
-from faults.scenarios import api_errors, capacity, clocks, deadlines, preemption, runner_death, storage, teardown
+from faults.scenarios import (
+    api_errors,
+    capacity,
+    clocks,
+    compute_engine,
+    deadlines,
+    preemption,
+    runner_death,
+    storage,
+    teardown,
+)
 
 CASES: tuple[Scenario, ...] = (
     *preemption.CASES,
@@ -14,6 +24,7 @@ CASES: tuple[Scenario, ...] = (
     *deadlines.CASES,
     *teardown.CASES,
     *clocks.CASES,
+    *compute_engine.CASES,
 )
 
 

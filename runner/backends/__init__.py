@@ -1,25 +1,251 @@
-"""Backends: how a machine is provisioned, watched and torn down (local emulation; Cloud TPU VMs).
+"""Backends: how a machine is provisioned, watched and torn down. Each is a package under runner/backends/<name>/
+with the same set of names (SkyPilot's sky/provision dispatcher, here for three backends), and this module is the
+one registry the rest of the runner goes through without naming a backend:
 
-Each backend implements runner.backends.base.Backend; `backend_named` builds one from the name a run record holds.
+    local           this machine: the job's container, or its entrypoint as a process (--local)
+    tpu-vm          Cloud TPU VMs through the Cloud TPU API: nodes, queued resources, attached nodes
+    compute-engine  TPU VMs as Compute Engine instances, multi-host slices as managed instance groups
+
+Every package has INFO (what a backend is, for collect and watch) and make(); the cloud ones also resolve(), their
+plan target from their catalog slice (runner.plan.target), findings() (the same checks, offline, for `runner
+validate`) and sweep() (their part of `runner gc`, through sweeper() here). A package is imported only when it is
+asked for, and none of them imports a Google SDK until a machine is. A backend the table names whose package is
+missing is NotInstalled (a PlanError, exit 2), never an ImportError.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from runner.errors import PlanError, RunnerError, StorageError
 from runner.timings import Timings
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+    from runner.backends.sweep import Sweep
+    from runner.plan import compat
+    from runner.plan.catalog import AcceleratorType
+    from runner.plan.planner import Plan
+    from runner.plan.target import Problems, Target
+    from runner.spec import JobSpec
+    from runner.watch.rundir import Snapshot
+    from runner.watch.runs import RunRecord
+    from runner.watch.state import RunState
+
+CLOUD = ("tpu-vm", "compute-engine")
+NAMES = ("local", *CLOUD)
+_PACKAGES = {
+    "local": "runner.backends.local",
+    "tpu-vm": "runner.backends.tpu_vm",
+    "compute-engine": "runner.backends.compute_engine",
+}
 
 
-def backend_named(name: str, say: Callable[[str], None] = print, timings: Timings | None = None) -> Backend[Any]:
-    """The backend a run record names ("tpu-vm", else local). Imports only the one asked for."""
-    if name == "tpu-vm":
-        from runner.backends.tpu_vm import TpuVmBackend
+class NotInstalled(PlanError):
+    """A backend the registry names whose package this runner does not have (exit 2: nothing was created)."""
 
-        return TpuVmBackend(say=say, timings=timings or Timings.from_env())
-    from runner.backends.local import LocalBackend
 
-    return LocalBackend(say=say)
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend is, for those who read a run afterwards (collect, watch): no import of the backend itself."""
+
+    name: str
+    title: str  # "Cloud TPU VMs (Cloud TPU API)"
+    bills: bool = True  # its machines cost money: the catalog's price applies
+    no_cost: str | None = None  # what a run costs when it bills nothing, in words
+    ready: str = "READY"  # what the startup breakdown calls the machine being up
+    pulls_image: bool = True  # its machines pull the job's image (the report's "image pulled")
+
+
+class Package(Protocol):
+    INFO: BackendInfo
+
+    def make(self, say: Callable[[str], None], timings: Timings, *, process: bool = False) -> Backend[Any]: ...
+
+
+class CloudPackage(Package, Protocol):
+    def resolve(
+        self,
+        spec: JobSpec,
+        run_id: str,
+        *,
+        project: str | None,
+        zone: str | None,
+        environ: dict[str, str] | None,
+        problems: Problems | None,
+    ) -> Target: ...
+
+    def findings(self, spec: JobSpec) -> tuple[AcceleratorType | None, list[compat.Finding]]: ...
+
+    def sweep(self, timings: Timings) -> Sweep: ...
+
+
+def package(name: str) -> Package:
+    """The backend package the registry names `name`; StorageError for a name it does not know (a run record from
+    another runner), NotInstalled for one whose package is not there."""
+    path = _PACKAGES.get(name)
+    if path is None:
+        raise StorageError(f"backend {name!r} is not one this runner knows ({', '.join(NAMES)})")
+    try:
+        return cast(Package, importlib.import_module(path))
+    except ModuleNotFoundError as exc:
+        if exc.name != path:
+            raise  # the package is there, and something it imports is not: a broken install, with its traceback
+        raise NotInstalled(
+            f"the {name} backend is not installed in this runner",
+            hint=f"its package {path} is missing; backends this runner has: {', '.join(installed())}",
+        ) from None
+
+
+def installed() -> list[str]:
+    """The registry's backends whose package is there (without importing any of them)."""
+    return [name for name, path in _PACKAGES.items() if importlib.util.find_spec(path) is not None]
+
+
+def is_cloud(name: str) -> bool:
+    """Whether `name` is one of the cloud backends (a run on a machine of its own), not this machine."""
+    return name in CLOUD
+
+
+def cloud(name: str) -> CloudPackage:
+    if name not in CLOUD:
+        raise StorageError(f"backend {name!r} is not a cloud backend ({', '.join(CLOUD)})")
+    return cast(CloudPackage, package(name))
+
+
+def info(name: str) -> BackendInfo:
+    """What `name` is; a backend this runner does not know is taken for a cloud one that bills."""
+    try:
+        return package(name).INFO
+    except RunnerError:  # another runner's backend, or one not installed here
+        return BackendInfo(name, name)
+
+
+def backend_named(
+    name: str, say: Callable[[str], None] = print, timings: Timings | None = None, *, process: bool = False
+) -> Backend[Any]:
+    """The backend a run record (or a plan) names, ready to use. Imports only the one asked for."""
+    return package(name).make(say, timings or Timings.from_env(), process=process)
+
+
+def chosen(spec: JobSpec) -> tuple[str, str]:
+    """The cloud backend a spec goes to, and why: accelerator.backend when it names one; `auto`, the first backend
+    the catalog lists for the type's generation (one that is not in the catalog: the Cloud TPU API's, whose checks
+    say what is wrong with it)."""
+    from runner.plan import catalog
+
+    asked = spec.accelerator.backend
+    if asked != "auto":
+        return asked, "accelerator.backend"
+    try:
+        generation = catalog.accelerator(spec.accelerator.type).generation
+    except catalog.CatalogError:
+        return CLOUD[0], "auto"
+    offered = [b for b in generation.backends if b in CLOUD]
+    if not offered:
+        return CLOUD[0], "auto"
+    if len(offered) == 1:
+        return offered[0], f"auto: {generation.title} is created only through {offered[0]}"
+    return offered[0], f"auto: {generation.title} can go through {' or '.join(offered)}; auto picks {offered[0]}"
+
+
+def resolver(spec: JobSpec) -> Callable[..., Target]:
+    """The chosen backend's plan target resolution (runner.plan.target.Resolve), its choice written on the target.
+    A backend that is not installed is a PlanError that also says what else is wrong with the spec there."""
+    name, why = chosen(spec)
+    try:
+        resolve = cloud(name).resolve
+    except NotInstalled as exc:
+        more = [f for f in _common(spec, name) if f.error]
+        lines = "".join(f"\n  {f.message}" + (f" ({f.hint})" if f.hint else "") for f in more)
+        raise NotInstalled(f"{exc.message} ({why}){lines}", hint=exc.hint) from None
+
+    def resolved(*args: Any, **kwargs: Any) -> Target:
+        return replace(resolve(*args, **kwargs), choice=why)
+
+    return resolved
+
+
+def plan_cloud(spec: JobSpec, spec_path: str | None, **kwargs: Any) -> Plan:
+    """runner.plan.planner.plan_cloud on the backend the spec goes to."""
+    from runner.plan.planner import plan_cloud as plan
+
+    return plan(spec, spec_path, resolve=resolver(spec), **kwargs)
+
+
+def findings(spec: JobSpec) -> tuple[AcceleratorType | None, list[compat.Finding]]:
+    """Where the spec would run, checked offline against its backend's catalog slice (`runner validate`); for a
+    backend that is not installed, what the shared catalog says, and that."""
+    from runner.plan import compat
+
+    name, why = chosen(spec)
+    try:
+        return cloud(name).findings(spec)
+    except NotInstalled as exc:
+        accel, found = compat.common(spec, name)
+        return accel, [*found, compat.Finding(True, f"{exc.message} ({why})", exc.hint)]
+
+
+def _common(spec: JobSpec, name: str) -> list[compat.Finding]:
+    from runner.plan import compat
+
+    return compat.common(spec, name)[1]
+
+
+def sweeper(name: str, timings: Timings) -> Sweep:
+    """`name`'s part of `runner gc` (its package's sweep()). Not called `sweep`: that is the module of Sweep."""
+    return cloud(name).sweep(timings)
+
+
+def usable(record: RunRecord, warnings: list[str]) -> RunRecord:
+    """The record as a state may be judged from it: a handle its backend cannot read (a corrupt or foreign record)
+    is dropped with a warning, and the state is then judged from the run directory alone."""
+    from runner import contract
+    from runner.watch import runs
+    from runner.watch.logtext import one_line
+
+    if not record.handle or record.state.is_terminal():
+        return record  # nobody asks a backend about these
+    try:
+        backend_named(record.backend).handle_from_dict(record.handle)
+    except StorageError as exc:
+        local = runs.runner_home() / "runs" / f"{record.run_id}.json"  # else it came from run.json (resolve)
+        source = local if local.is_file() else f"{record.run_dir.rstrip('/')}/{contract.RUN_INFO}"
+        warnings.append(
+            f"{source}: its {one_line(record.backend, 20)} machine handle cannot be read ({exc}); "
+            "the state comes from the run directory alone"
+        )
+        return record.updated(handle={})
+    return record
+
+
+def machine_alive(record: RunRecord, backend: Backend[Any] | None = None) -> bool | None:
+    """Whether the run's machine is up (running or being created), as its backend says now; None when it cannot
+    say (no credentials, the API unreachable) or nobody need ask (no handle, a run over). Pass `backend` when
+    asking repeatedly (logs -f, list): one API client for all."""
+    from runner.backends.base import MachineState
+    from runner.errors import RunnerError
+
+    if not record.handle or record.state.is_terminal():
+        return None
+    try:
+        backend = backend or backend_named(record.backend)
+        machine = backend.status(backend.handle_from_dict(record.handle))
+    except RunnerError:
+        return None  # judge by the run directory alone
+    return None if machine == MachineState.UNKNOWN else machine in (MachineState.RUNNING, MachineState.CREATING)
+
+
+def run_state(
+    record: RunRecord, snapshot: Snapshot, warnings: list[str] | None = None, backend: Backend[Any] | None = None
+) -> RunState:
+    """The run's state now (runner.watch.lookup.current_state), with its backend's word on its machine; a handle
+    that cannot be read is dropped, with a warning in `warnings`."""
+    from runner.watch.lookup import current_state
+
+    record = usable(record, warnings if warnings is not None else [])
+    return current_state(record, snapshot, machine_alive(record, backend))

@@ -42,10 +42,14 @@ H = TypeVar("H", bound=Handle)
 
 class Backend(ABC, Generic[H]):
     """A way to run the job's container on a machine, and to take the machine away again. Each method's docstring
-    is its contract; mypy holds every backend to the signatures (runner/backends/local.py, tpu_vm.py)."""
+    is its contract; mypy holds every backend to the signatures (runner/backends/<name>/backend.py). The registry
+    (runner.backends) builds them by name."""
 
     name: str
     ephemeral: bool  # machines end with their job (local processes): the teardown policy does not apply
+    ready_state: str | None = None  # the provider's word for a machine that is up (READY, RUNNING): not said
+    stop_command: str | None = None  # how someone stops its machine by hand (what a run lost to a stop says)
+    stopped_states: tuple[str, ...] = ()  # the provider's states of a machine stopped under its job: the run is lost
 
     @abstractmethod
     def describe(self, plan: Plan) -> list[tuple[str, str]]:
@@ -88,6 +92,10 @@ class Backend(ABC, Generic[H]):
         follower to show; None where there is nothing more to say."""
         return self.status(handle), None
 
+    def state_note(self, native: str) -> str | None:
+        """What the provider's state `native` means for the run, for a follower to show beside it; None: nothing."""
+        return None
+
     def ready_at(self, handle: H) -> float | None:
         """When the machine provision() just returned became ready by the provider's own clock (a create operation's
         end), where it says: a run bills from there. None where it does not."""
@@ -106,7 +114,7 @@ def handle_from(cls: type[T], data: dict[str, Any]) -> T:
     """A handle dataclass from a run record's dict: fields it does not know are ignored (a newer runner wrote
     them), missing or mistyped ones are a StorageError naming the handle, not a TypeError."""
     assert is_dataclass(cls)
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls) if f.init}  # `kind` and the like are the class's, not the record's
     try:
         return cls(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:

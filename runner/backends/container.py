@@ -1,6 +1,6 @@
 """How a container runs on this machine: the one place that decides, for the local backend and emulated VMs.
 
-With a container engine (Docker or Podman: runner.backends.engine finds it) and the image present, the image runs
+With a container engine (Docker or Podman: runner.launch.engine finds it) and the image present, the image runs
 under `docker run` / `podman run`, the same command line for both. Otherwise the image's entrypoint
 (`python -m runner.worker`) runs as a local process with the same environment: the same supervisor, trainer and
 run-directory contract, without the isolation. Either way the job is started in a new session (process group),
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from runner.backends import engine as engines
-from runner.backends.engine import Engine
+from runner.launch import engine as engines
+from runner.launch.engine import Engine
 
 ENTRYPOINT = ["python", "-m", "runner.worker"]  # the image's ENTRYPOINT (docker/Dockerfile)
 # In the environment of every process of a local process run, with a value of its own: what a job started outside

@@ -30,15 +30,16 @@ def report(
     strategy and devices, checkpoints, the startup breakdown and the cost; it opens with no network."""
     import json
 
+    from runner.backends import run_state
     from runner.collect.report import build, write
     from runner.storage import open_storage
-    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.lookup import resolve
     from runner.watch.rundir import read_snapshot
 
     record = resolve(run)
     snapshot = read_snapshot(open_storage(record.run_dir))
     warnings = list(snapshot.problems)
-    state = current_state(without_bad_handle(record, warnings), snapshot)
+    state = run_state(record, snapshot, warnings)
     data, facts = build(record, state, snapshot=snapshot)
     if as_json:
         echo(json.dumps(data, default=str, indent=1))

@@ -27,10 +27,12 @@ def status(
     import json
 
     from runner import contract
+    from runner.backends import run_state
     from runner.collect.progress import standing
-    from runner.collect.summary import failure_tail, one_line, summary_rows
+    from runner.collect.summary import failure_tail, summary_rows
     from runner.collect.timeline import startup
-    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.logtext import one_line
+    from runner.watch.lookup import resolve
 
     record = resolve(run)
     warnings: list[str] = []
@@ -38,7 +40,7 @@ def status(
     snapshot, events, facts = view.snapshot, view.events, view.facts
     metrics = facts.metrics if facts else snapshot.metrics  # metrics.jsonl, else Keras' lines in the log
     where = standing(view.progress, metrics)
-    state = current_state(without_bad_handle(record, warnings), snapshot)
+    state = run_state(record, snapshot, warnings)
     if as_json:
         echo(
             json.dumps(
@@ -57,7 +59,7 @@ def status(
                     "checkpoints": [c.to_json() for c in facts.checkpoints] if facts else [],
                     "cost": facts.cost.to_json() if facts and facts.cost is not None else None,
                     "still_billing": record.still_billing,
-                    "startup": (facts.startup if facts else startup([], [], backend=record.backend)).to_json(),
+                    "startup": (facts.startup if facts else startup([], [], ready="")).to_json(),
                     "attempts": [a.model_dump(mode="json") for a in record.attempts],
                     "warnings": warnings,
                 },
@@ -169,13 +171,13 @@ def logs(
 ) -> None:
     """Print a run's log (the container's output); --follow streams it until the run ends."""
     from runner import contract
-    from runner.backends import backend_named
-    from runner.errors import UsageError
+    from runner.backends import backend_named, run_state, usable
+    from runner.errors import RunnerError, UsageError
     from runner.storage import open_storage
     from runner.watch.follow import LogTail, Sight, tail_for, whole_logs
     from runner.watch.follow import follow as follow_run
     from runner.watch.logtext import LogCleaner, clean_log
-    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.lookup import resolve
 
     record = resolve(run)
     workers = max(record.num_workers, 1)
@@ -194,10 +196,13 @@ def logs(
     cleaner = LogCleaner()
 
     warnings: list[str] = []
-    record = without_bad_handle(record, warnings)
+    record = usable(record, warnings)
     for warning in warnings:
         warn(warning)
-    backend = backend_named(record.backend, say)
+    try:
+        backend: Backend | None = backend_named(record.backend, say)  # one API client for every read
+    except RunnerError:
+        backend = None  # its state is then judged from the run directory alone
     interval = 0.5 if storage.is_local else 2.0
     snapshot = follow_run(
         storage,
@@ -206,18 +211,17 @@ def logs(
         interval_s=interval,
         sight=Sight(say, interval),  # a run directory out of reach is said, and waited for: never an end
         tail=LogTail(storage, worker) if worker is not None else tail_for(storage, workers),
-        stop=lambda snapshot: current_state(record, snapshot, backend).is_terminal(),
+        stop=lambda snapshot: run_state(record, snapshot, backend=backend).is_terminal(),
     )
     write_output(cleaner.flush())
     # The log above already holds any traceback: the end says only how the run ended, and where to read more.
     import contextlib
 
     from runner.collect.summary import ending
-    from runner.errors import RunnerError
 
     with contextlib.suppress(RunnerError):
         record = resolve(run)  # the submitter records why the run ended once it has
-    say(ending(record.run_id, current_state(record, snapshot, backend), snapshot, record.reason))
+    say(ending(record.run_id, run_state(record, snapshot, backend=backend), snapshot, record.reason))
 
 
 @app.command("list")
@@ -228,12 +232,11 @@ def list_runs(
     """List the runs submitted from this machine, newest first."""
     import json
 
-    from runner.backends import backend_named
+    from runner.backends import backend_named, run_state
     from runner.collect.facts import gather
     from runner.errors import RunnerError
     from runner.storage import open_storage
     from runner.watch import runs
-    from runner.watch.lookup import current_state, without_bad_handle
     from runner.watch.rundir import read_snapshot
 
     warnings: list[str] = []
@@ -260,7 +263,7 @@ def list_runs(
             snapshot = read_snapshot(storage)
             if record.backend not in backends:
                 backends[record.backend] = backend_named(record.backend, say)
-            state = current_state(without_bad_handle(record, warnings), snapshot, backends[record.backend])
+            state = run_state(record, snapshot, warnings, backends[record.backend])
             entry["state"] = str(state)
             facts = gather(record, storage, snapshot=snapshot)  # metrics: metrics.jsonl, else Keras' lines in the log
             entry["test_accuracy"] = facts.summary.test_accuracy if facts.summary else None

@@ -81,7 +81,8 @@ def submit(
 
         plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
     else:
-        from runner.plan.planner import Problems, plan_cloud
+        from runner.backends import plan_cloud
+        from runner.plan.target import Problems
 
         problems = Problems()  # every pre-flight problem, not only the first
         plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
@@ -105,30 +106,32 @@ def resume(
     """Continue a cancelled, failed, timed-out or hung run in its own run directory, from its newest checkpoint:
     the same run id, a new attempt in its history, the spec it recorded (with --set overrides, recorded too), on
     the backend it ran on (or this machine with --local)."""
+    from runner.backends import is_cloud, run_state
     from runner.lifecycle.resume import check_resumable, recorded_spec
     from runner.plan.planner import Continued
     from runner.storage import open_storage
     from runner.timings import Timings
-    from runner.watch.lookup import current_state, resolve, without_bad_handle
+    from runner.watch.lookup import resolve
     from runner.watch.rundir import read_snapshot
 
     record = resolve(run)
     storage = open_storage(record.run_dir)
     warnings: list[str] = []
-    state = current_state(without_bad_handle(record, warnings), read_snapshot(storage, with_metrics=False))
+    state = run_state(record, read_snapshot(storage, with_metrics=False), warnings)
     for warning in warnings:
         say(f"warning: {warning}")
     check_resumable(record, state)
     spec = recorded_spec(storage, record.run_dir, set_values)
     continued = Continued(record.run_id, record.run_dir)
     timings = Timings.from_env()
-    if local or record.backend == "local":
+    if local or not is_cloud(record.backend):
         from runner.plan.planner import plan_local
 
-        workers = record.num_workers if record.backend == "local" else 1
+        workers = 1 if is_cloud(record.backend) else record.num_workers
         plan = plan_local(spec, record.spec_path, workers=workers, continued=continued)
     else:
-        from runner.plan.planner import Problems, plan_cloud
+        from runner.backends import plan_cloud
+        from runner.plan.target import Problems
 
         problems = Problems()
         plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems)
@@ -148,13 +151,9 @@ def resume(
 
 
 def backend_for(plan: Plan, process: bool, timings: Any) -> Backend[Any]:
-    if plan.cloud is None:
-        from runner.backends.local import LocalBackend
+    from runner.backends import backend_named
 
-        return LocalBackend(prefer="process" if process else None, say=say)
-    from runner.backends.tpu_vm import TpuVmBackend
-
-    return TpuVmBackend(say=say, timings=timings)
+    return backend_named(plan.backend, say, timings, process=process)
 
 
 def launch(
@@ -181,7 +180,10 @@ def launch(
     rows = [
         ("run", plan.run_id),
         ("job", f"{spec.name}: {what}"),
-        ("backend", plan.backend),
+        (
+            "backend",
+            plan.backend + (f"  ({plan.cloud.choice})" if plan.cloud is not None and plan.cloud.choice else ""),
+        ),
         *backend.describe(plan),
         ("run directory", plan.run_dir),
     ]
@@ -249,9 +251,10 @@ def problems_text(problems: list[PlanError]) -> str:
 
 
 def finish(record: RunRecord, state: RunState, snapshot: Snapshot | None, *, detached: bool = False) -> None:
-    from runner.collect.summary import existing_artifacts, failure_output, one_line, summary_rows
+    from runner.collect.summary import existing_artifacts, failure_output, summary_rows
     from runner.errors import RunFailed, RunnerError
     from runner.storage import open_storage
+    from runner.watch.logtext import one_line
     from runner.watch.state import RunState
 
     if detached:

@@ -1,8 +1,8 @@
 """`runner validate FILE...`: every problem of every file, with its field path and line; exit 2 if any is invalid.
 
-Besides the spec itself, where it would run on Cloud TPU is checked against the catalog offline
-(runner.plan.compat: type, zones, runtime, framework). Typer-free (the CLI's fast path calls validate_paths
-directly; the typer command calls it too): PyYAML, pydantic, the spec models and the catalog are imported.
+Besides the spec itself, where it would run is checked against the catalog offline (runner.backends.findings:
+type, backend, zones, runtime, framework). Typer-free (the CLI's fast path calls validate_paths directly; the typer
+command calls it too): PyYAML, pydantic, the spec models and the catalog are imported.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from runner.cli.output import echo, report, style
 def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = None, *, as_json: bool = False) -> int:
     """Validate each file (with `--set` overrides), print `ok FILE: ...` or every problem, or with `as_json` one
     JSON document; the exit code (0, or 2 if any failed)."""
+    from runner import backends
     from runner.errors import SpecError
-    from runner.plan import compat, datacheck
+    from runner.plan import datacheck
     from runner.spec.loader import load_spec, shown
 
     verdicts: list[dict[str, Any]] = []
@@ -32,7 +33,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
             if not as_json:
                 report(exc)
             continue
-        _, findings = compat.check(spec)
+        _, findings = backends.findings(spec)
         errors = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if f.error]
         errors += datacheck.problems(spec, Path.cwd())
         verdict |= {"job": spec.name, "problems": errors}
@@ -40,7 +41,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
         if errors:
             if not as_json:
                 count = f"{len(errors)} problem{'s' if len(errors) > 1 else ''}"
-                report(SpecError(f"{shown(path)}: {count} (the TPU catalog, the training data and code)", errors))
+                report(SpecError(f"{shown(path)}: {count} (the catalog, the training data and code)", errors))
             continue
         verdict["ok"] = True
         if as_json:

@@ -70,7 +70,7 @@ class Price:
 
 def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False, slices: int = 1) -> Price | None:
     """The catalog's price of a type (`slices` of it: a multislice bills every slice), or None for a type it does
-    not know (a run directory from elsewhere)."""
+    not know (a run directory from elsewhere) or has no list price of (unpriced(): never a $0 figure)."""
     from runner.plan import catalog
 
     try:
@@ -78,6 +78,8 @@ def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False, slic
     except catalog.CatalogError:
         return None
     g = accel.generation
+    if not g.priced:
+        return None
     return Price(
         accelerator=accel.name if slices == 1 else f"{slices} x {accel.name}",
         chips=accel.chips * slices,
@@ -86,6 +88,17 @@ def price_for(accelerator_type: str, *, spot: bool, reserved: bool = False, slic
         per_chip_hour=g.spot_price if spot else g.on_demand_price,
         read_on=catalog.prices_info()["read_on"],
     )
+
+
+def unpriced(accelerator_type: str) -> str | None:
+    """The generation's title when the catalog knows the type but has no list price of it (TPU7x), else None."""
+    from runner.plan import catalog
+
+    try:
+        generation = catalog.accelerator(accelerator_type).generation
+    except catalog.CatalogError:
+        return None
+    return None if generation.priced else generation.title
 
 
 @dataclass(frozen=True)
@@ -118,15 +131,21 @@ class Span:
 
 
 def _node_name(event: Event) -> str:
+    """The machine a provisioned event names: in its handle (a node's id, an instance's or group's name), or how its
+    backend described it."""
     handle = event.fields.get("handle")
     if isinstance(handle, dict):
-        name = handle.get("node_id") or handle.get("container_name") or handle.get("pid")
+        name = handle.get("node_id") or handle.get("name") or handle.get("container_name") or handle.get("pid")
         if name is not None:
             return str(name)
-    return "?"
+    machine = event.fields.get("machine")
+    return str(machine) if machine else "?"
 
 
 def _attached(event: Event) -> bool:
+    """An existing machine the run attached to (the event says so; a handle written before it did: created false)."""
+    if isinstance(attached := event.fields.get("attached"), bool):
+        return attached
     handle = event.fields.get("handle")
     return isinstance(handle, dict) and handle.get("created") is False
 

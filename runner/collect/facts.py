@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import contract
-from runner.collect.cost import Price, RunCost, price_for, run_cost
+from runner import backends, contract
+from runner.collect.cost import Price, RunCost, price_for, run_cost, unpriced
 from runner.collect.timeline import Startup, Timeline, build_timeline, startup
 from runner.storage import Storage
 from runner.watch.events import Event, read_events
@@ -175,7 +175,7 @@ class RunFacts:
     spec: dict[str, Any]
     events: list[Event]
     snapshot: Snapshot
-    cost: RunCost | None  # None: no TPU (a local run), or a type the catalog does not know
+    cost: RunCost | None  # None: no TPU (a local run), a type the catalog does not know or has no price of
     startup: Startup
     timeline: Timeline
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
@@ -193,8 +193,12 @@ class RunFacts:
     def cost_text(self) -> str:
         if self.cost is not None:
             return self.cost.text()
-        if self.record.backend == "local":
-            return "$0: a local run pays for no TPU"
+        if (free := backends.info(self.record.backend).no_cost) is not None:
+            return f"$0: {free}"
+        acc = self.spec.get("accelerator")
+        title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
+        if title is not None:
+            return f"not estimated: no list price of {title} is known (see its pricing page)"
         return "unknown: the run's accelerator type is not in this runner's catalog"
 
     def cost_cell(self) -> str:
@@ -202,7 +206,7 @@ class RunFacts:
         from runner.plan.budget import money
 
         if self.cost is None:
-            return "$0" if self.record.backend == "local" else "-"
+            return "$0" if not backends.info(self.record.backend).bills else "-"
         return money(self.cost.usd) + ("+" if self.still_billing else "")
 
     @property
@@ -257,7 +261,8 @@ def gather(
         events = read_events(storage, warnings, one_clock=True)
     spec = read_spec(storage, warnings)
     now = time.time() if now is None else now
-    price = spec_price(spec) if record.backend != "local" else None
+    info = backends.info(record.backend)
+    price = spec_price(spec) if info.bills else None
     cost = None if price is None else run_cost(events, price, now=now, budget=number(spec.get("budget")))
     metrics, metrics_from = snapshot.metrics, contract.METRICS if snapshot.metrics else None
     summary = snapshot.summary
@@ -281,7 +286,7 @@ def gather(
         events=events,
         snapshot=snapshot,
         cost=cost,
-        startup=startup(events, snapshot.metrics, backend=record.backend),
+        startup=startup(events, snapshot.metrics, ready=info.ready),
         timeline=build_timeline(
             events,
             snapshot.metrics,

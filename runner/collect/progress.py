@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.collect.summary import one_line, rounded
+from runner.collect.summary import rounded
+from runner.watch.logtext import one_line
 from runner.watch.rundir import Progress, number
 
 # Keys of a metrics line shown first, in this order; other numbers follow.

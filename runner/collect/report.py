@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import contract
+from runner import backends, contract
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
-from runner.collect.summary import one_line, rounded
+from runner.collect.summary import rounded
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
+from runner.watch.logtext import one_line
 from runner.watch.rundir import Snapshot, number
 from runner.watch.runs import RunRecord, runner_home
 from runner.watch.state import RunState
@@ -187,7 +188,8 @@ def _final_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
 def _cost_html(data: dict[str, Any]) -> str:
     cost = data.get("cost")
     if cost is None:
-        text = "$0: a local run pays for no TPU" if data["backend"] == "local" else "unknown (type not in the catalog)"
+        free = backends.info(data["backend"]).no_cost
+        text = f"$0: {free}" if free is not None else "unknown (type not in the catalog)"
         return f"<p>{_e(text)}</p>"
     price = cost["price"]
     kind = "Spot" if price["spot"] else "reserved (on-demand list price)" if price["reserved"] else "on-demand"
@@ -212,8 +214,9 @@ def _cost_html(data: dict[str, Any]) -> str:
 
 def _startup_html(data: dict[str, Any]) -> str:
     s = data["startup"]
+    info = backends.info(data["backend"])
     labels = [
-        ("ready_s", "READY (provisioned)" if data["backend"] == "tpu-vm" else "process started"),
+        ("ready_s", f"{info.ready} (provisioned)" if info.bills else "process started"),
         ("image_pulled_s", "image pulled (container started)"),
         ("job_started_s", "job started"),
         ("framework_imported_s", "framework imported"),
@@ -222,7 +225,7 @@ def _startup_html(data: dict[str, Any]) -> str:
         ("training_started_s", "epoch 1 began (metrics.jsonl)"),
         ("first_epoch_done_s", "epoch 1 done"),
     ]
-    if data["backend"] != "tpu-vm":
+    if not info.pulls_image:
         labels = [(k, label) for k, label in labels if k != "image_pulled_s"]  # no image to pull here
     rows = [[label, "-" if s.get(key) is None else f"{s[key]:.1f}"] for key, label in labels]
     note = ""

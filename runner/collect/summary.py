@@ -16,6 +16,7 @@ from typing import Any
 from runner import contract
 from runner.collect.facts import CheckpointInfo, checkpoints_text
 from runner.storage import Storage
+from runner.watch.logtext import one_line
 from runner.watch.rundir import ExitRecord, Snapshot, Summary
 from runner.watch.state import RunState
 
@@ -24,13 +25,6 @@ _MAX_USER_ROWS = 20  # a user's summary may be large; the terminal summary shows
 
 def _join(run_dir: str, key: str) -> str:
     return f"{run_dir.rstrip('/')}/{key}"
-
-
-def one_line(value: Any, limit: int = 200) -> str:
-    """A value from a file someone else wrote, safe for one terminal line: no control characters (escape
-    sequences, newlines), and not endless."""
-    text = "".join(c if c.isprintable() else "?" for c in str(value))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def rounded(value: Any) -> str:

@@ -238,8 +238,9 @@ class Startup:
         return text
 
 
-def startup(events: Sequence[Event], metrics: Sequence[dict[str, Any]], *, backend: str = "tpu-vm") -> Startup:
-    """The first machine's startup, as seconds after the submit (the numbers TPU users ask about first)."""
+def startup(events: Sequence[Event], metrics: Sequence[dict[str, Any]], *, ready: str = "READY") -> Startup:
+    """The first machine's startup, as seconds after the submit (the numbers TPU users ask about first); `ready` is
+    what its backend calls the machine being up (runner.backends.BackendInfo.ready)."""
     events = sorted(events, key=lambda e: e.time)
     submitted = _first(events, "submitted", "runner")
     if submitted is None:
@@ -272,4 +273,4 @@ def startup(events: Sequence[Event], metrics: Sequence[dict[str, Any]], *, backe
             for name, key in (("framework imported", "framework_imported_s"), ("first step", "first_step_s"))
             if values[key] is None
         ]
-    return Startup(**values, missing=tuple(missing), ready_label="READY" if backend == "tpu-vm" else "started")
+    return Startup(**values, missing=tuple(missing), ready_label=ready)

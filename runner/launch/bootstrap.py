@@ -30,8 +30,9 @@ def env_file(env: dict[str, str]) -> str:
 
 
 def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
-    assert plan.cloud is not None
     cloud = plan.cloud
+    if cloud is None:
+        raise ValueError(f"run {plan.run_id} is not a cloud run: no startup script")
     policy = plan.spec.teardown.policy
     return {
         "RUN_ID": plan.run_id,
@@ -39,11 +40,12 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "IMAGE": plan.spec.image,
         "PROJECT": cloud.project,
         "ZONE": "",  # filled per attempt: a stockout moves the node to the next zone
-        "NODE": node_id or cloud.node_id,  # a name collision gives the node another name than the plan's
+        "NODE": node_id or cloud.machine_id,  # a name collision gives the node another name than the plan's
+        "SELF_DELETE": cloud.self_delete,  # what the VM deletes when its job is over: its node, instance or group
         "JOB_WORKERS": cloud.trainer_workers,
         "NUM_WORKERS": str(plan.num_workers),  # every slice's
         "SLICES": str(cloud.slices),
-        "HOSTS": str(cloud.accelerator.hosts),  # per slice
+        "HOSTS": str(cloud.hosts),  # per slice
         "DELETE_ON_EXIT": "never" if plan.attach else policy,
         "DEADLINE": str(int(plan.deadline)),
         "CONTAINER": contract.JOB_CONTAINER,

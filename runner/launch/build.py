@@ -1,6 +1,6 @@
 """Build and push the trainer image with Docker or Podman: `runner build` (runner.cli.tools), `make image`, `make push`.
 
-    build   `docker build` (or `podman build`: runner.backends.engine finds which) unless the content tag is already
+    build   `docker build` (or `podman build`: runner.launch.engine finds which) unless the content tag is already
             on this machine (`image inspect`); then the finished image is checked against its variant's lock
             (below) and its size is said
     push    `push` unless the registry already has the tag (image.image_exists, else `manifest inspect`)
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from runner.backends import engine as engines
-from runner.backends.engine import Engine
 from runner.errors import BackendError, UsageError
+from runner.launch import engine as engines
+from runner.launch.engine import Engine
 from runner.launch.image import DOCKERFILE, REPO_ROOT, content_tag, image_exists, local_reference, reference
 from runner.launch.variants import VARIANTS
 

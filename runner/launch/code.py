@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from runner.backends.engine import Engine
 from runner.errors import UsageError
 from runner.launch import build, image
+from runner.launch.engine import Engine
 from runner.launch.imageref import ImageRef
 
 WORKSPACE = "/workspace"

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.backends.tpu_api import CLOUD_PLATFORM
 from runner.errors import PlanError, UsageError
 from runner.launch.imageref import ImageRef
 from runner.launch.variants import BY_NAME, IMAGE_NAME, VARIANTS
@@ -233,6 +232,8 @@ def _adc_token() -> str:
     """An OAuth2 access token from Application Default Credentials (raises when there are none)."""
     import google.auth
     import google.auth.transport.requests
+
+    from runner.credentials import CLOUD_PLATFORM
 
     credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
     credentials.refresh(google.auth.transport.requests.Request())

@@ -17,6 +17,7 @@ IMAGE=''
 PROJECT=''
 ZONE=''
 NODE=''
+SELF_DELETE='tpu-node'
 JOB_WORKERS='all'
 NUM_WORKERS='1'
 SLICES='1'
@@ -31,6 +32,7 @@ JOB_ENV_B64=''
 # Endpoints: the real services on a TPU VM; the TPU API emulator points them at itself to rehearse a run.
 METADATA_URL="${RUNNER_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}"
 TPU_API="${RUNNER_TPU_API:-https://tpu.googleapis.com}"
+COMPUTE_API="${RUNNER_COMPUTE_API:-https://compute.googleapis.com}"
 STORAGE_API="${RUNNER_STORAGE_API:-https://storage.googleapis.com}"
 WORKDIR="${TMPDIR:-/tmp}/tpu-runner/${RUN_ID}"
 BUCKET="${RUN_DIR#gs://}"
@@ -121,6 +123,18 @@ write_exit() {
     log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
 }
 
+# What this VM deletes when its job is over (SELF_DELETE): its Cloud TPU node, its Compute Engine instance, or its
+# slice's managed instance group (whose VMs go with it; the group's template and workload policy bill nothing and
+# cannot go while the group exists: the runner or `runner gc` deletes them).
+self_url() {
+  case "$SELF_DELETE" in
+    compute-instance) printf '%s/compute/v1/projects/%s/zones/%s/instances/%s' "$COMPUTE_API" "$PROJECT" "$ZONE" "$NODE" ;;
+    compute-group)
+      printf '%s/compute/v1/projects/%s/zones/%s/instanceGroupManagers/%s' "$COMPUTE_API" "$PROJECT" "$ZONE" "$NODE" ;;
+    *) printf '%s/v2/projects/%s/locations/%s/nodes/%s' "$TPU_API" "$PROJECT" "$ZONE" "$NODE" ;;
+  esac
+}
+
 # finish CODE: the first host of each slice deletes its node when the policy says so (after every worker of every
 # slice has an exit record). SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node
 # goes even under on_success.
@@ -143,9 +157,8 @@ finish() {
       done
     fi
     event delete_requested "\"exit_code\": ${rc}"
-    curl -sf --retry 5 -X DELETE -H "Authorization: Bearer $(token)" \
-      "${TPU_API}/v2/projects/${PROJECT}/locations/${ZONE}/nodes/${NODE}" >/dev/null ||
-      log "could not delete node ${NODE}; the runner or \`runner gc\` will"
+    curl -sf --retry 5 -X DELETE -H "Authorization: Bearer $(token)" "$(self_url)" >/dev/null ||
+      log "could not delete ${NODE}; the runner or \`runner gc\` will"
   fi
   exit "$rc"
 }

@@ -34,14 +34,14 @@ from typing import Any
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import STOPPED_STATES, Verdict, Watchdog, stopped_reason
+from runner.lifecycle.watchdog import Verdict, Watchdog, stopped_reason
 from runner.plan.planner import Plan
 from runner.storage import open_storage
-from runner.teardown.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
@@ -183,7 +183,13 @@ class Run:
                 continue
             self.handle = handle
             self._save(state=RunState.STARTING, handle=handle.to_dict())
-            self.events.emit("provisioned", handle=handle.to_dict(), ready_at=self.backend.ready_at(handle))
+            self.events.emit(
+                "provisioned",
+                handle=handle.to_dict(),
+                ready_at=self.backend.ready_at(handle),
+                machine=self.backend.describe_handle(handle),
+                attached=self.plan.attach,
+            )
             return handle
 
     def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
@@ -400,7 +406,9 @@ class Run:
             native = self.backend.observe(handle)[1]
         except RunnerError:
             return None
-        return stopped_reason(self.backend.describe_handle(handle), native) if native in STOPPED_STATES else None
+        if native is None or native not in self.backend.stopped_states:
+            return None
+        return stopped_reason(self.backend.describe_handle(handle), native, self.backend.stop_command)
 
     def replace(self, handle: Handle) -> None:
         """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The

@@ -52,29 +52,16 @@ class Verdict(str, Enum):
     WORKER_LOST = "worker_lost"  # one worker never reported, or its heartbeat stopped
 
 
-STOPPED_STATES = ("STOPPED", "STOPPING")
-
-
-def stopped_reason(what: str, native: str) -> str:
+def stopped_reason(what: str, native: str, stop_command: str | None) -> str:
     """Why a run whose machine was stopped under it is lost, in words."""
+    who = f"`{stop_command}`, or a maintenance event" if stop_command else "a maintenance event"
     return (
-        f"{what} was {native} before its job ended (someone stopped it: `gcloud compute tpus tpu-vm stop`, or a "
-        "maintenance event); a stopped node runs no job, so the run is lost"
+        f"{what} was {native} before its job ended (someone stopped it: {who}); a stopped machine runs no job, so "
+        "the run is lost"
     )
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
-# What the API's state means for the run, said as the runner follows it (the rest are shown as they are).
-_STATE_NOTES = {
-    "REPAIRING": "Cloud TPU is repairing it; the job may be restarted on it",
-    "HIDING": "Cloud TPU is hiding it",
-    "HIDDEN": "hidden by Cloud TPU; the job does not run while it is",
-    "UNHIDING": "Cloud TPU is bringing it back",
-    "STATE_UNSPECIFIED": "the API does not say what it is doing",
-    "UNKNOWN": "the API does not say what it is doing",
-    "STOPPING": "it is being stopped: a stopped node runs no job",
-    "STOPPED": "a stopped node runs no job",
-}
 
 
 class Watchdog:
@@ -159,16 +146,17 @@ class Watchdog:
     def _show(self, native: str | None) -> None:
         if native is None or native == self.native:
             return
-        if self.say is not None and (self.native is not None or native != "READY"):
-            note = _STATE_NOTES.get(native, "back" if native == "READY" and self.native else "")
+        ready = self.backend.ready_state
+        if self.say is not None and (self.native is not None or native != ready):
+            note = self.backend.state_note(native) or ("back" if native == ready and self.native else "")
             self.say(f"{self.backend.describe_handle(self.handle)}: {native}" + (f" ({note})" if note else ""))
         self.native = native
 
     def gone_reason(self) -> str:
         """Why following ended without every exit record, in words: what the API last said of the machine."""
         what = self.backend.describe_handle(self.handle)
-        if self.native in STOPPED_STATES:
-            return stopped_reason(what, self.native)
+        if self.native is not None and self.native in self.backend.stopped_states:
+            return stopped_reason(what, self.native, self.backend.stop_command)
         said = f" (last {self.native})" if self.native else ""
         return f"{what} went away{said} before every worker recorded how its job ended"
 

@@ -1,4 +1,5 @@
-"""What Cloud TPU offers, read from runner/plan/tpu_catalog.yaml: types, chips, hosts, zones, runtimes, prices.
+"""What Cloud TPU offers, read from runner/plan/tpu_catalog.yaml: types, chips, TensorCores, hosts, zones, runtimes,
+prices, and which backends create each generation (the default first).
 
 The planner asks it whether a job can run where it was sent (before any API call); the TPU API emulator asks it
 what to accept, so the emulator and the runner never disagree about what exists.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +28,32 @@ class CatalogError(ValueError):
 class Generation:
     name: str
     size_unit: str  # "cores" or "chips": what the number in the type name counts
-    cores_per_chip: int
+    cores_per_chip: int  # TensorCores
     chips_per_host: int
     single_host_max_chips: int
     sizes: tuple[int, ...]
     single_host_zones: tuple[str, ...]
     multi_host_zones: tuple[str, ...]
-    runtimes: tuple[str, ...]  # regular expressions
-    default_runtime: str
-    on_demand_price: float  # USD per chip-hour
+    on_demand_price: float  # USD per chip-hour; 0.0 where the catalog has no price (`priced` is False)
     spot_price: float
     frameworks: dict[str, str | None]  # framework -> None when supported, else why it is refused (with sources)
-    tf_family: str  # the chip-family suffix of its TensorFlow >= 2.18 runtimes
-    api_type: str  # AcceleratorConfig.Type (V5LITE_POD, ...)
-    quota_prefix: str  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
+    backends: tuple[str, ...]  # the runner's backends that create it; the first is the default (`backend: auto`)
+    jax_devices_per_chip: int = 1  # what jax.devices() counts per chip: 1 where two TensorCores act as one (megacore)
+    priced: bool = True  # False: no public price is known (the plan says so, a budget cannot be applied)
+    backends_note: str = ""  # why the backends it is not offered by cannot create it
+    topologies: dict[int, str] = field(default_factory=dict)  # size -> chip topology (2x2x2), where the catalog has it
+    runtimes: tuple[str, ...] = ()  # regular expressions (the Cloud TPU API's runtime versions)
+    default_runtime: str = ""
+    tf_family: str = ""  # the chip-family suffix of its TensorFlow >= 2.18 runtimes
+    api_type: str = ""  # AcceleratorConfig.Type in the Cloud TPU API (V5LITE_POD, ...)
+    quota_prefix: str = ""  # how Cloud TPU names this generation's quotas (TPUV5sLitepod...)
     provisioning: str | None = None  # "node" | "queued" when a source says this generation needs one; None: by hosts
+    title: str = ""  # how people name it: "TPU v5e", "TPU7x (Ironwood)"
+
+    @property
+    def in_tpu_api(self) -> bool:
+        """Whether the Cloud TPU API serves it (it has an AcceleratorConfig.Type there): not TPU7x and later."""
+        return bool(self.api_type)
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,21 @@ class AcceleratorType:
     @property
     def multi_host(self) -> bool:
         return self.hosts > 1
+
+    @property
+    def tensorcores(self) -> int:
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def jax_devices(self) -> int:
+        """The devices jax.devices() lists on the whole slice (per slice of a multislice)."""
+        return self.chips * self.generation.jax_devices_per_chip
+
+    @property
+    def topology(self) -> str | None:
+        """The chip topology (2x2x2) where the catalog has it."""
+        size = self.chips * self.generation.cores_per_chip if self.generation.size_unit == "cores" else self.chips
+        return self.generation.topologies.get(size)
 
     @property
     def zones(self) -> tuple[str, ...]:
@@ -104,6 +131,7 @@ def _raw() -> dict[str, Any]:
 def generations() -> dict[str, Generation]:
     out = {}
     for name, g in _raw()["generations"].items():
+        price = g.get("price") or {}
         out[name] = Generation(
             name=name,
             size_unit=g["size_unit"],
@@ -113,15 +141,21 @@ def generations() -> dict[str, Generation]:
             sizes=tuple(g["sizes"]),
             single_host_zones=tuple(g["zones"]["single_host"]),
             multi_host_zones=tuple(g["zones"]["multi_host"]),
-            runtimes=tuple(g["runtimes"]),
-            default_runtime=g["default_runtime"],
-            on_demand_price=float(g["price"]["on_demand"]),
-            spot_price=float(g["price"]["spot"]),
+            on_demand_price=float(price.get("on_demand") or 0.0),
+            spot_price=float(price.get("spot") or 0.0),
             frameworks={k: None if v == "ok" else str(v["refused"]).strip() for k, v in g["frameworks"].items()},
-            tf_family=g["tf_family"],
-            api_type=g["api_type"],
-            quota_prefix=g["quota_prefix"],
+            backends=tuple(g["backends"]),
+            jax_devices_per_chip=g["jax_devices_per_chip"],
+            priced=bool(price),
+            backends_note=" ".join(str(g.get("backends_note") or "").split()),
+            topologies={int(k): str(v) for k, v in (g.get("topologies") or {}).items()},
+            runtimes=tuple(g.get("runtimes") or ()),
+            default_runtime=g.get("default_runtime") or "",
+            tf_family=g.get("tf_family") or "",
+            api_type=g.get("api_type") or "",
+            quota_prefix=g.get("quota_prefix") or "",
             provisioning=g.get("provisioning"),
+            title=g.get("title") or f"TPU {name}",
         )
     return out
 
@@ -135,22 +169,6 @@ def tf_version(runtime: str) -> tuple[int, ...]:
 def aliases() -> dict[str, str]:
     """What users type for a generation (v5e) -> the catalog's name (v5litepod)."""
     return dict(_raw().get("aliases") or {})
-
-
-@dataclass(frozen=True)
-class Unreachable:
-    """A TPU generation the Cloud TPU API cannot create (TPU7x): why, and where it can be created instead."""
-
-    title: str
-    why: str
-    route: str
-
-
-def unreachable(generation: str) -> Unreachable | None:
-    for entry in (_raw().get("not_in_tpu_api") or {}).values():
-        if generation.lower() in entry["names"]:
-            return Unreachable(entry["title"], " ".join(entry["why"].split()), " ".join(entry["route"].split()))
-    return None
 
 
 def tensorflow_pod_bug(runtime: str) -> str | None:

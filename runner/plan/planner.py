@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,8 +18,8 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import variants
 from runner.launch.imageref import ImageRef
-from runner.plan import catalog, compat
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
+from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
 
 T = TypeVar("T")
@@ -27,51 +27,9 @@ T = TypeVar("T")
 RUNS_DIR = "runs"
 DATASETS_DIR = "datasets"  # <storage>/datasets: this machine's data cache, for the jobs on TPU VMs
 CLOUD_DATA_DIR = "/tmp/tpu-runner/datasets"  # RUNNER_DATA_DIR inside a TPU VM's container: writable by any user
-# What a dry run shows in place of what is missing, so that the whole plan can still be read (and every problem
-# listed at its end). They can never reach an API: a plan with problems is never submitted.
-PLACEHOLDER_PROJECT = "PROJECT"
+# What a dry run shows in place of a missing storage (a missing project: runner.plan.target.PLACEHOLDER_PROJECT).
 PLACEHOLDER_STORAGE = "gs://BUCKET/tpu-runner"
 EXAMPLE_PROJECT = "my-project"  # the project the shipped jobs' `image:` names, until `make push` prints yours
-
-
-class Problems(list[PlanError]):
-    """Pre-flight problems collected instead of raised (`submit --dry-run` lists them all at its end)."""
-
-    def attempt(self, check: Callable[[], T], fallback: T) -> T:
-        try:
-            return check()
-        except PlanError as exc:
-            self.append(exc)
-            return fallback
-
-    def raise_all(self) -> None:
-        """One PlanError that names every problem (the first one's hint), or nothing when there is none."""
-        if not self:
-            return
-        if len(self) == 1:
-            raise self[0]
-        lines = "".join(
-            f"\n  {i}. {p.message}" + (f"\n     hint: {p.hint}" if p.hint else "") for i, p in enumerate(self, 1)
-        )
-        raise PlanError(f"{len(self)} pre-flight problems:{lines}")
-
-
-@dataclass(frozen=True)
-class CloudTarget:
-    """Where a TPU VM run goes, resolved and checked before any API call."""
-
-    project: str
-    zones: tuple[str, ...]  # in the order to try
-    accelerator: catalog.AcceleratorType
-    runtime_version: str
-    node_id: str
-    attach_node: str | None  # an existing node: attach, never create or delete
-    trainer_workers: str  # "0": TensorFlow runs on worker 0 (other hosts serve the TPU runtime); "all"
-    price_per_hour: float
-    warnings: tuple[str, ...] = ()  # what the plan lets through but the user should know (runner.plan.compat)
-    provisioning: str = "node"  # "node": create the node; "queued": a queued resource that waits for capacity
-    max_wait_s: int = 0  # queued: how long it may wait in each zone (its validUntilDuration)
-    slices: int = 1  # multislice: this many slices of `accelerator`, one queued resource (multisliceParams)
 
 
 @dataclass(frozen=True)
@@ -79,7 +37,7 @@ class Plan:
     spec: JobSpec
     spec_path: str | None
     run_id: str
-    backend: str  # "local" | "tpu-vm"
+    backend: str  # the registry's name of the backend (runner.backends): "local", "tpu-vm", "compute-engine"
     storage_url: str  # gs://bucket/prefix or an absolute path
     run_dir: str  # <storage_url>/runs/<run_id>
     env: dict[str, str] = field(default_factory=dict)  # the job's environment, the same on every backend
@@ -87,7 +45,7 @@ class Plan:
     deadline: float = 0.0
     num_workers: int = 1
     attach: bool = False  # the machine exists already (accelerator.node): never deleted
-    cloud: CloudTarget | None = None
+    cloud: Target | None = None  # where a cloud run goes, as its backend resolved it; None on this machine
     limit: RuntimeLimit | None = None  # how long it may run and why (max_runtime, or what the budget buys)
     # Unique to this submit, labelled on what it creates: two runs that end up with the same node name (a retried
     # create, a collision) can tell their own node from the other's.
@@ -247,95 +205,21 @@ def check_image_variant(spec: JobSpec, device: str) -> None:
         )
 
 
-def resolve_cloud_target(
-    spec: JobSpec,
-    run_id: str,
-    *,
-    project: str | None,
-    zone: str | None,
-    environ: dict[str, str] | None = None,
-    problems: Problems | None = None,
-) -> CloudTarget:
-    """Pre-flight for a TPU VM run: everything that can be checked without the network or credentials. With
-    `problems`, each one is collected there and a placeholder stands in (a missing project, a missing zone)."""
-    from runner.plan import gcloud as gcloud_config
-
-    acc = spec.accelerator
-    project = acc.project or project or gcloud_config.default_project(environ)
-    zones = tuple(acc.candidate_zones) or ((zone,) if zone else ())
-    if not zones and (default := gcloud_config.default_zone(environ)):
-        zones = (default,)
-    accel, findings = compat.check(spec, zones)
-    errors = [PlanError(f.message, hint=f.hint) for f in findings if f.error]
-    if problems is not None:
-        problems += errors
-        if accel is None:  # nothing can be planned without the type: every problem so far, at once
-            problems.raise_all()
-    elif errors:
-        more = "".join(f"\n  {e.message}" + (f" ({e.hint})" if e.hint else "") for e in errors[1:])
-        raise PlanError(errors[0].message + more, hint=errors[0].hint)
-    assert accel is not None
-    if not project:
-        missing = PlanError(
-            "no Google Cloud project",
-            hint="set accelerator.project, pass --project, or run `gcloud config set project PROJECT`",
+def check_priced(spec: JobSpec, target: Target) -> None:
+    """A budget becomes a deadline through the catalog's price: without one it would limit nothing."""
+    generation = target.accelerator.generation
+    if spec.budget is not None and not generation.priced:
+        raise PlanError(
+            f"budget: the catalog has no price for {generation.title}, so a budget cannot limit the run",
+            hint="drop `budget:` and bound the run with teardown.max_runtime",
         )
-        if problems is None:
-            raise missing
-        problems.append(missing)
-        project = PLACEHOLDER_PROJECT
-    if not zones:
-        missing = PlanError(
-            "no zone for the TPU VM",
-            hint=f"{accel.name} is offered in {', '.join(accel.zones)}; set "
-            "accelerator.zone(s), pass --zone, or `gcloud config set compute/zone ZONE`",
-        )
-        if problems is None:
-            raise missing
-        problems.append(missing)
-        zones = (accel.zones[0],)
-    offered = [z for z in zones if z in accel.zones]
-    runtime = acc.runtime_version or accel.generation.default_runtime
-    # TensorFlow on a pod slice runs on worker 0 (the other hosts serve the TPU runtime); JAX and commands run on
-    # every worker.
-    tensorflow = spec.training is not None and spec.training.framework == "tensorflow"
-    trainer_workers = "0" if tensorflow and accel.multi_host else "all"
-    provisioning = accel.provisioning if acc.provisioning == "auto" else acc.provisioning
-    if acc.slices > 1:
-        # Multislice exists only through queued resources (cloud.google.com/tpu/docs/multislice-introduction); the
-        # spec refuses `provisioning: node` and TensorFlow with it, compat.check TPU v2 and v3.
-        provisioning = "queued"
-    if acc.node:
-        provisioning = "node"  # attached: nothing is created
-    warnings = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
-    if acc.max_wait is not None and provisioning == "node":
-        warnings.append(
-            f"accelerator.max_wait applies to queued resources; {accel.name} gets a node (provisioning auto)"
-        )
-    if provisioning == "queued" and spec.retries.capacity_wait:
-        warnings.append("retries.capacity_wait applies to nodes; a queued resource waits max_wait in each zone instead")
-    # A queued resource never waits past the run's deadline, even when the runner that asked for it is gone.
-    max_wait = min(acc.max_wait or spec.teardown.max_runtime, spec.teardown.max_runtime)
-    return CloudTarget(
-        project=project,
-        zones=tuple(offered) if offered else zones,
-        accelerator=accel,
-        runtime_version=runtime,
-        node_id=acc.node or run_id,
-        attach_node=acc.node,
-        trainer_workers=trainer_workers,
-        price_per_hour=accel.price_per_hour(spot=acc.spot) * acc.slices,
-        warnings=tuple(warnings),
-        provisioning=provisioning,
-        max_wait_s=max_wait,
-        slices=acc.slices,
-    )
 
 
 def plan_cloud(
     spec: JobSpec,
     spec_path: str | None,
     *,
+    resolve: Resolve,
     storage: str | None = None,
     project: str | None = None,
     zone: str | None = None,
@@ -346,9 +230,10 @@ def plan_cloud(
     problems: Problems | None = None,
     continued: Continued | None = None,
 ) -> Plan:
-    """A run on a Cloud TPU VM. Raises PlanError (exit 2) for anything that would fail after paying: the first
-    problem, or with `problems` every one of them, collected there while the plan goes on with placeholders (it
-    raises only when nothing can be planned: an accelerator type the catalog does not know).
+    """A run on a cloud machine, whose target `resolve` gives (the chosen backend's: runner.backends.resolver).
+    Raises PlanError (exit 2) for anything that would fail after paying: the first problem, or with `problems`
+    every one of them, collected there while the plan goes on with placeholders (it raises only when nothing can be
+    planned: an accelerator type the catalog does not know).
     `now`, `run_suffix` and `nonce` pin what is otherwise unique to each submit (golden tests)."""
     collect = problems is not None
     found = problems if problems is not None else Problems()
@@ -360,7 +245,7 @@ def plan_cloud(
     run_id = continued.run_id if continued else new_run_id(spec.name, now, run_suffix)
     if continued is not None and not continued.run_dir.startswith("gs://"):
         unreachable = PlanError(
-            f"run {run_id} has a local run directory, which a TPU VM cannot reach",
+            f"run {run_id} has a local run directory, which a cloud VM cannot reach",
             hint=f"`runner resume {run_id} --local` continues it on this machine",
         )
         if not collect:
@@ -373,25 +258,24 @@ def plan_cloud(
     )
     check(lambda: check_image_for_cloud(spec.image), None)
     check(lambda: check_image_variant(spec, "tpu"), None)
-    target = resolve_cloud_target(
-        spec, run_id, project=project, zone=zone, environ=environ, problems=found if collect else None
-    )
+    target = resolve(spec, run_id, project=project, zone=zone, environ=environ, problems=found if collect else None)
     check(lambda: check_image_project(spec.image, target.project), None)
+    check(lambda: check_priced(spec, target), None)
     # The budget, where it is earlier, is the run's max_runtime from here on: deadline, VM watchdog, job safety net.
     limit = check(
         lambda: runtime_limit(spec, target.price_per_hour),
         runtime_limit(spec.model_copy(update={"budget": None}), target.price_per_hour),
     )
     spec = limited(spec, limit)
-    # A queued resource never waits past the deadline, the budget's included.
-    target = replace(target, max_wait_s=min(target.max_wait_s, spec.teardown.max_runtime))
+    # What the target asks the cloud for never outlasts the deadline, the budget's included.
+    target = target.within(spec.teardown.max_runtime)
     run_dir = continued.run_dir if continued else f"{storage_url}/{RUNS_DIR}/{run_id}"
     # Worker ids are global across the slices of a multislice: slice s, host h is worker s * hosts + h.
-    workers = target.accelerator.hosts * target.slices if target.trainer_workers == "all" else 1
+    workers = target.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
     if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
-        env[contract.TPU_NAME] = target.node_id if target.accelerator.multi_host else "local"
+        env[contract.TPU_NAME] = target.machine_id if target.accelerator.multi_host else "local"
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled
     # from this machine's cache, which the run copies beside its run directory once (lifecycle: share_data).
     env[contract.DATA_DIR] = CLOUD_DATA_DIR
@@ -405,14 +289,14 @@ def plan_cloud(
         spec,
         spec_path,
         run_id,
-        "tpu-vm",
+        target.backend,
         storage_url,
         run_dir,
         env,
         now,
         deadline,
         num_workers=workers,
-        attach=target.attach_node is not None,
+        attach=target.attach,
         cloud=target,
         limit=limit,
         **({"nonce": nonce} if nonce else {}),

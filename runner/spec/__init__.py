@@ -13,16 +13,18 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
+from runner.storage import GCS_RE
 
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
 NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
 TPU_TYPE_RE = r"^[a-z][a-z0-9]*-[0-9]+$"  # GENERATION-SIZE; which generations exist is the catalog's (plan)
-ZONE_RE = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
+# A zone (us-central1-a), or an AI zone (us-central1-ai1a: cloud.google.com/compute/docs/regions-zones/ai-zones),
+# where the catalog has TPU7x.
+ZONE_RE = r"^[a-z]+-[a-z]+[0-9]+-(ai[0-9]+)?[a-z]$"
 NODE_RE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 PROJECT_RE = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
 SERVICE_ACCOUNT_RE = r"^[^@\s]+@[^@\s]+\.iam\.gserviceaccount\.com$"
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-GCS_RE = re.compile(r"^gs://(?P<bucket>[a-z0-9][a-z0-9._-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 _DURATION_RE = re.compile(r"^(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 RESERVED_ENV_PREFIX = "RUNNER_"
 
@@ -111,6 +113,12 @@ class AcceleratorSpec(_Model):
     service_account: Annotated[str, Field(pattern=SERVICE_ACCOUNT_RE)] | None = Field(
         None,
         description="Service account the TPU VM runs as (pulls the image, writes the run directory).",
+    )
+    backend: Literal["auto", "tpu-vm", "compute-engine"] = Field(
+        "auto",
+        description="Which cloud creates the machine: tpu-vm (the Cloud TPU API: nodes, queued resources), "
+        "compute-engine (Compute Engine instances and managed instance groups), or auto: the catalog's default for "
+        "the type's generation (TPU7x only goes through compute-engine). `submit --local` runs on this machine.",
     )
     provisioning: Literal["auto", "node", "queued"] = Field(
         "auto",

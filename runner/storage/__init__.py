@@ -7,11 +7,14 @@ run-directory contract (runner.contract) gives each object a single writer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from runner.spec import GCS_RE
+# gs://BUCKET[/PREFIX], as Cloud Storage names buckets (cloud.google.com/storage/docs/buckets#naming). Here, not in
+# the spec, which imports it: the in-container supervisor reads storage without loading the spec's pydantic models.
+GCS_RE = re.compile(r"^gs://(?P<bucket>[a-z0-9][a-z0-9._-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from runner.backends import backend_named
 from runner.errors import BackendError, StorageError
+from runner.interrupts import signals_deferred
 from runner.storage import open_storage
-from runner.teardown.interrupts import signals_deferred
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import EventLog

@@ -15,6 +15,7 @@ import codecs
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 # CSI (colours, cursor moves, erase), OSC (titles, links; ended by BEL or ST), and two-byte escapes.
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -111,3 +112,10 @@ def clean_log(data: bytes) -> bytes:
         return data
     cleaner = LogCleaner(redraw_every_s=float("inf"))
     return cleaner.feed(data) + cleaner.flush()
+
+
+def one_line(value: Any, limit: int = 200) -> str:
+    """A value from a file someone else wrote, safe for one terminal line: no control characters (escape
+    sequences, newlines), and not endless."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,17 +1,16 @@
 """Finding a run and reading its state now: by id from this machine's records, or straight from a run directory
-(a run submitted elsewhere), with what the backend says of its machine. The CLI's status, logs, list and down all
-come through here; the run's state itself is decided by runner.watch.state.derive_state, nowhere else."""
+(a run submitted elsewhere), with what its backend says of its machine (asked by the caller, through the registry:
+runner.backends.machine_alive). The CLI's status, logs, list and down all come through here; the run's state itself
+is decided by runner.watch.state.derive_state, nowhere else."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
 
-from runner.backends import backend_named
 from runner.watch.runs import RunRecord
 
 if TYPE_CHECKING:
-    from runner.backends.base import Backend
     from runner.watch.rundir import Snapshot
     from runner.watch.state import RunState
 
@@ -76,44 +75,9 @@ def resolve(run: str) -> RunRecord:
     return record
 
 
-def without_bad_handle(record: RunRecord, warnings: list[str]) -> RunRecord:
-    """The record as `current_state` may use it: a handle its backend cannot read (a corrupt or foreign record)
-    is dropped with a warning, and the state is then judged from the run directory alone."""
-    from runner import contract
-    from runner.collect.summary import one_line
-    from runner.watch import runs
-
-    if not record.handle or record.state.is_terminal():
-        return record  # current_state asks no backend about these
-    from runner.errors import StorageError
-
-    try:
-        backend_named(record.backend).handle_from_dict(record.handle)
-    except StorageError as exc:
-        local = runs.runner_home() / "runs" / f"{record.run_id}.json"  # else it came from run.json (resolve)
-        source = local if local.is_file() else f"{record.run_dir.rstrip('/')}/{contract.RUN_INFO}"
-        warnings.append(
-            f"{source}: its {one_line(record.backend, 20)} machine handle cannot be read ({exc}); "
-            "the state comes from the run directory alone"
-        )
-        return record.updated(handle={})
-    return record
-
-
-def current_state(record: RunRecord, snapshot: Snapshot, backend: Backend | None = None) -> RunState:
-    """The run's state now. Pass `backend` when asking repeatedly (logs -f, list): one API client for all."""
-    from runner.backends.base import MachineState
-    from runner.errors import RunnerError
+def current_state(record: RunRecord, snapshot: Snapshot, machine_alive: bool | None) -> RunState:
+    """The run's state now, from its run directory and whether its machine is up (None: nobody can say)."""
     from runner.watch.state import derive_state
 
-    alive = None
-    if record.handle and not record.state.is_terminal():
-        backend = backend or backend_named(record.backend)
-        try:
-            machine = backend.status(backend.handle_from_dict(record.handle))
-            alive = (
-                None if machine == MachineState.UNKNOWN else machine in (MachineState.RUNNING, MachineState.CREATING)
-            )
-        except RunnerError:
-            alive = None  # no credentials or API unreachable: judge by the run directory alone
+    alive = machine_alive if record.handle and not record.state.is_terminal() else None
     return derive_state(snapshot, record.num_workers, record.state, machine_alive=alive, heartbeat_timeout_s=60)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from runner import contract
 from runner.backends import container
-from runner.backends.local import LocalHandle, free_ports, worker_envs
+from runner.backends.local.backend import LocalHandle, free_ports, worker_envs
 from runner.cli import app
 from runner.watch.runs import RunRecord
 from tests.backends.test_local_backend import wait_for

@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from runner.backends.tpu_api import explain, failure_of, failure_of_status
+from runner.backends.tpu_vm.api import explain, failure_of, failure_of_status
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 
 URL = "http://127.0.0.1:9/v2/projects/p/locations/us-central1-b/nodes?nodeId=n&%24alt=json%3Benum-encoding%3Dint"

@@ -98,10 +98,12 @@ def test_a_jax_job_on_two_slices_trains_as_one_cluster_and_a_preempted_slice_los
         f"name: jaxmulti\nimage: {IMAGE}\n"
         "accelerator: {type: v4-16, slices: 2, zone: us-central2-b, project: test-project, spot: true}\n"
         f"storage: {bucket_url}\n"
-        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 32, max_train_examples: 8192,\n"
+        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 16, max_train_examples: 32768,\n"
         f"           max_test_examples: 512, data: {gcs_mnist}}}\n"
     )
-    steps = 8192 // 32
+    # 2048 steps: an epoch that lasts long enough for the bucket's progress.json to show it mid-way (at 256 steps of
+    # batch 32 the epoch was over before a sync, and slice 1 was never preempted).
+    steps = 32768 // 16
     # 10 s from SIGTERM to SIGKILL, as the fault suite gives (a Spot VM really gets 30 s), not the fixture's 3 s: on a
     # loaded machine worker 0's stop checkpoint and exit record took longer than 3 s to reach the bucket.
     cloud.vm_grace_s = 10.0

@@ -128,7 +128,7 @@ def test_a_queued_resource_suspended_before_it_is_active_moves_to_the_next_zone(
 ) -> None:  # type: ignore[no-untyped-def]
     """Its node is deleted by someone else while the queued resource is PROVISIONING: it goes SUSPENDED, is deleted
     with force, and the next zone is queued."""
-    from runner.backends.tpu_api import TpuApi
+    from runner.backends.tpu_vm.api import TpuApi
 
     cloud.slow_create(30, zone=ZONES[0], count=1)  # PROVISIONING lasts: time to take its node away
     spec = job(tmp_path, bucket_url, "command: [python, -c, 'print(\"ran after all\")']\n", accelerator=QUEUED)

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runner.backends.tpu_vm import TpuVmBackend, TpuVmHandle
+from runner.backends.tpu_vm.backend import TpuVmBackend
+from runner.backends.tpu_vm.handles import NodeHandle
 from runner.cli import app
 from runner.errors import BackendError
+from runner.interrupts import hurry
 from runner.storage import open_storage
-from runner.teardown.interrupts import hurry
 from runner.timings import Timings
 from tests.cloudjobs import events, job, run_id_of, submit
 
@@ -89,14 +90,14 @@ def test_delete_operations_are_read_and_retried_or_reported(cloud) -> None:  # t
     backend = TpuVmBackend(say=lambda s: None, timings=FAST, delete_timeout_s=30)
     cloud.create_node_direct(PROJECT, ZONE, "flaky", labels={"managed-by": "tpu-runner"})
     cloud.delete_fails(ZONE, count=1, message="Internal error.")  # transient: asked again
-    backend.teardown(TpuVmHandle(PROJECT, ZONE, "flaky", created=True))
+    backend.teardown(NodeHandle(PROJECT, ZONE, "flaky"))
     assert cloud.node("flaky") is None
 
     cloud.create_node_direct(PROJECT, ZONE, "stuck", labels={"managed-by": "tpu-runner"})
     cloud.delete_fails(ZONE, status="FAILED_PRECONDITION", message="The node cannot be deleted now.")
     t0 = time.monotonic()
     with pytest.raises(BackendError) as caught:
-        backend.teardown(TpuVmHandle(PROJECT, ZONE, "stuck", created=True))
+        backend.teardown(NodeHandle(PROJECT, ZONE, "stuck"))
     assert time.monotonic() - t0 < 15, "a failed delete was waited on instead of read"
     assert "cannot be deleted now" in caught.value.message and "still there" in caught.value.message
     assert "gcloud compute tpus tpu-vm delete stuck" in (caught.value.hint or "")
@@ -110,7 +111,7 @@ def test_a_second_interrupt_stops_waiting_and_says_what_is_left(cloud) -> None: 
     hurry.set()  # as the second Ctrl-C during teardown does
     try:
         t0 = time.monotonic()
-        backend.teardown(TpuVmHandle(PROJECT, ZONE, "slow-to-go", created=True))
+        backend.teardown(NodeHandle(PROJECT, ZONE, "slow-to-go"))
     finally:
         hurry.clear()
     assert time.monotonic() - t0 < 10
@@ -219,5 +220,5 @@ def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_l
     status = json.loads(CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False).output)
     assert status["state"] == "lost"
     record = json.loads((Path(os.environ["RUNNER_HOME"]) / "runs" / f"{run_id}.json").read_text())
-    assert "STOPPED" in record["reason"] and "a stopped node runs no job" in record["reason"]
+    assert "STOPPED" in record["reason"] and "a stopped machine runs no job" in record["reason"]
     assert not cloud.nodes()

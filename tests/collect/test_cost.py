@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner.backends import info
 from runner.collect.cost import price_for, run_cost
 from runner.collect.facts import gather
 from runner.collect.timeline import build_timeline, startup
@@ -35,6 +36,7 @@ def test_price_is_the_catalogs_per_chip_hour_times_chips() -> None:
     spot = price_for("v5litepod-8", spot=True)
     assert spot is not None and spot.per_chip_hour == gen.spot_price
     assert price_for("v99-8", spot=False) is None  # a type this catalog does not know: no figure, no guess
+    assert price_for("tpu7x-8", spot=False) is None  # one it knows without a list price: no $0 either
 
 
 def test_one_node_bills_from_ready_to_its_delete_request_idle_included() -> None:
@@ -160,7 +162,7 @@ def test_startup_and_timeline_of_a_machine_replaced_after_a_preemption() -> None
         ev(80, "provisioned", handle={"node_id": "job-2"}),
         ev(90, "job_started", "worker-0"),
     ]
-    s = startup(events, [], backend="tpu-vm")
+    s = startup(events, [], ready=info("tpu-vm").ready)
     assert s.ready_s == 20 and s.job_started_s == 25  # the first machine's, never the replacement's
     timeline = build_timeline(events, [])
     assert timeline.attempts == 2

@@ -212,6 +212,9 @@ def test_the_vm_runs_the_startup_script_with_a_compute_engine_metadata_server(
 
 def test_a_vm_deletes_its_own_instance_through_the_api(emulator: TpuEmulator, gce: Clients) -> None:
     script = (
+        # It waits for the test to have seen it running (a file `go` in its directory): a VM that deleted itself at
+        # once was STOPPING, with no VM left to look at, before the test could read it.
+        "while [ ! -e go ]; do sleep 0.05; done;"
         'M="$RUNNER_METADATA_URL"; H="Metadata-Flavor: Google";'
         'ZONE=$(curl -s -H "$H" "$M/instance/zone" | sed "s|.*/||"); NAME=$(curl -s -H "$H" "$M/instance/name");'
         'curl -s -X DELETE "$RUNNER_COMPUTE_API/compute/v1/projects/$(curl -s -H "$H" "$M/project/project-id")'
@@ -220,6 +223,7 @@ def test_a_vm_deletes_its_own_instance_through_the_api(emulator: TpuEmulator, gc
     gce.wait(gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("self", script=script)))
     info = emulator.compute.instance("self")
     assert info is not None and info.vm is not None
+    (info.vm.directory / "go").touch()
     wait_for(lambda: status_of(gce, "self") is None)  # answered first, then the VM (the caller) is stopped
     answer = json.loads((info.vm.directory / "answer.json").read_text())
     assert answer["operationType"] == "delete" and answer["status"] != "DONE"

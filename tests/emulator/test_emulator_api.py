@@ -278,6 +278,8 @@ def test_a_node_that_is_just_there(client: tpu_v2.TpuClient, tpu_emulator: TpuEm
     [
         ("ok", {"accelerator": "v9-8"}, "the accelerator v9-8 was not found in zone us-central2-b"),
         ("ok", {"accelerator": "v4-7"}, "v4 comes in sizes"),
+        # TPU7x is in the catalog for Compute Engine; the Cloud TPU API does not serve it
+        ("ok", {"accelerator": "tpu7x-8"}, "TPU7x (Ironwood) is not served by the Cloud TPU API"),
         ("ok", {"accelerator": "v5p-8"}, "v5p-8 is offered in us-central1-a"),
         ("ok", {"runtime": "tpu-vm-tf-2.16.1-pod-pjrt"}, "Invalid runtime version 'tpu-vm-tf-2.16.1-pod-pjrt'"),
         ("ok", {"runtime": "v2-alpha-tpuv5"}, "Invalid runtime version"),

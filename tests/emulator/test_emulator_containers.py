@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from runner import contract
-from runner.backends.engine import Engine
 from runner.collect.facts import gather
+from runner.launch.engine import Engine
 from runner.storage import open_storage
 from runner.watch.runs import RunRecord
 from tests.cloudjobs import events, submit
@@ -41,6 +41,7 @@ def container_cloud(
     emulator = TpuEmulator(workdir=tmp_path / "vms", gcs_endpoint=gcs_server, engine=container_engine, vm_grace_s=10)
     emulator.start()
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", emulator.endpoint)
+    monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", image_registry.endpoint)
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)

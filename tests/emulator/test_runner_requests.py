@@ -1,7 +1,7 @@
 """Every request the runner's TPU VM backend sends validates against Google's own schema (tpu.v2.json).
 
-Each variant of the Node and QueuedResource the runner renders (runner/backends/tpu_vm.py node_request,
-runner/backends/queued.py queued_request; their dry runs are tests/plan/golden/*.txt) goes through a whole
+Each variant of the Node and QueuedResource the runner renders (runner/backends/tpu_vm/requests.py node_request,
+the same module's queued_request; their dry runs are tests/plan/golden/*.txt) goes through a whole
 `runner submit` on the emulators: create, the polls of its operation and node, the VM's own self-delete through the
 bootstrap, the runner's teardown. The emulator checks each request against the discovery document and refuses one
 that breaks it with 400, so a request the real API would refuse by schema fails the run here; the recorded requests

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.backends import plan_cloud
 from runner.launch.bootstrap import TEMPLATE, env_file, render
-from runner.plan.planner import plan_cloud
 from runner.spec import JobSpec
 from tests.conftest import REPO
 

@@ -18,8 +18,8 @@ import pytest
 
 from runner import contract
 from runner.backends import container
-from runner.backends.engine import Engine
 from runner.launch import build
+from runner.launch.engine import Engine
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import read_manifest
 from runner.watch.runs import RunRecord

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import spec
+from runner import backends, spec
 from runner.errors import PlanError
 from runner.launch import image, variants
 from runner.launch.imageref import ImageRef
@@ -151,7 +151,7 @@ def test_a_tpu_vm_job_is_refused_an_image_of_the_wrong_variant(
 def test_plan_cloud_checks_the_variant() -> None:
     job = _job(image.reference("my-project", "us-central1", "tpu-runner", "tpu", "0.1.0-0123456789abcdef"), "jax")
     with pytest.raises(PlanError, match="holds TensorFlow and no JAX"):
-        plan.plan_cloud(job, None, storage="gs://my-bucket/x", project="my-project", zone="us-central1-a")
+        backends.plan_cloud(job, None, storage="gs://my-bucket/x", project="my-project", zone="us-central1-a")
 
 
 def test_tag_changes_with_mode_symlinks_and_build_args(context: Path) -> None:

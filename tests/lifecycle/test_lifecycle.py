@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runner.backends.base import MachineState
+from runner.backends.tpu_vm.backend import STATE_NOTES, TpuVmBackend
 from runner.lifecycle.run import should_delete
 from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog
 from runner.plan.planner import plan_local
@@ -28,9 +29,13 @@ RUNNER = [sys.executable, "-m", "runner.cli"]
 
 class Machine:
     """A backend whose machine is in whatever state the test says (the Watchdog only asks for it, and for the
-    provider's own name of it, to show)."""
+    provider's own name of it, to show). It speaks of its machine as the tpu-vm backend does: the Watchdog takes the
+    words (ready, stopped, what a state means) from the backend."""
 
     ephemeral = False
+    ready_state = TpuVmBackend.ready_state
+    stop_command = TpuVmBackend.stop_command
+    stopped_states = TpuVmBackend.stopped_states
 
     def __init__(self, state: MachineState = MachineState.RUNNING, native: str | None = None) -> None:
         self.state = state
@@ -46,6 +51,9 @@ class Machine:
 
     def describe_handle(self, handle: Any) -> str:
         return "the test's machine"
+
+    def state_note(self, native: str) -> str | None:
+        return STATE_NOTES.get(native)
 
 
 def plan_with(tmp_path: Path, teardown: str) -> Any:

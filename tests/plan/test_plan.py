@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from runner.backends.tpu_vm import TpuVmBackend, node_request
+from runner.backends import plan_cloud
+from runner.backends.tpu_vm.backend import TpuVmBackend
+from runner.backends.tpu_vm.requests import node_request
 from runner.errors import PlanError
 from runner.plan import catalog
-from runner.plan.planner import plan_cloud
 from runner.spec import JobSpec
 from runner.spec.loader import load_spec, load_spec_text
 from tests.conftest import REPO
@@ -43,9 +44,14 @@ def plan(s: JobSpec, **kwargs: object):  # type: ignore[no-untyped-def]
 
 def test_catalog_is_consistent() -> None:
     for t in catalog.all_types():
-        assert t.chips >= 1 and t.hosts >= 1 and t.zones
-        assert t.runtime_ok(t.generation.default_runtime), t.name
-        assert t.price_per_hour(spot=True) < t.price_per_hour(spot=False)
+        assert t.chips >= 1 and t.hosts >= 1 and t.zones and t.generation.backends
+        assert t.jax_devices in (t.chips, t.tensorcores)
+        if t.generation.in_tpu_api:  # the Cloud TPU API's runtimes (Compute Engine boots an image instead)
+            assert t.runtime_ok(t.generation.default_runtime), t.name
+        if t.generation.priced:
+            assert t.price_per_hour(spot=True) < t.price_per_hour(spot=False)
+        else:
+            assert t.price_per_hour(spot=False) == 0.0
     assert (catalog.accelerator("v2-8").chips, catalog.accelerator("v2-8").hosts) == (4, 1)
     assert (catalog.accelerator("v4-32").chips, catalog.accelerator("v4-32").hosts) == (16, 4)
     assert (catalog.accelerator("v5litepod-8").chips, catalog.accelerator("v5litepod-8").hosts) == (8, 1)
@@ -108,7 +114,7 @@ def test_multi_host_tensorflow_runs_on_worker_zero_of_a_pod_runtime() -> None:
     pod_runtime = "tpu-vm-tf-2.17.0-pod-pjrt"
     p = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version=pod_runtime))
     assert p.cloud is not None and p.cloud.trainer_workers == "0" and p.num_workers == 1
-    assert p.env["RUNNER_TPU_NAME"] == p.cloud.node_id  # the resolver is given the node name on a pod
+    assert p.env["RUNNER_TPU_NAME"] == p.cloud.machine_id  # the resolver is given the node name on a pod
     custom = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", training=None, command=["python", "x.py"]))
     assert custom.cloud is not None and custom.cloud.trainer_workers == "all" and custom.num_workers == 4
 
@@ -132,7 +138,7 @@ def test_provisioning_auto_queues_multi_host_slices_and_bounds_the_wait() -> Non
 def test_queued_resource_request_body() -> None:
     from google.cloud import tpu_v2
 
-    from runner.backends.queued import queued_request
+    from runner.backends.tpu_vm.requests import queued_request
 
     p = plan(spec(acc_provisioning="queued", acc_spot=True, acc_max_wait="30m"))
     body = queued_request(p, "us-west4-a", p.run_id)
@@ -155,7 +161,7 @@ def test_queued_resource_request_body() -> None:
 def test_multislice_is_one_queued_resource_with_global_worker_ids() -> None:
     from google.cloud import tpu_v2
 
-    from runner.backends.queued import queued_request
+    from runner.backends.tpu_vm.requests import queued_request
 
     command = {"training": None, "command": ["python", "x.py"], "acc_zone": "us-central2-b"}
     p = plan(spec(acc_type="v4-16", acc_slices=3, **command))  # provisioning auto: queued
@@ -198,7 +204,7 @@ def test_node_request_body() -> None:
 
 def test_attach_mode_creates_nothing() -> None:
     p = plan(spec(acc_node="my-existing-vm"))
-    assert p.attach and p.cloud is not None and p.cloud.node_id == "my-existing-vm"
+    assert p.attach and p.cloud is not None and p.cloud.machine_id == "my-existing-vm"
     rows = dict(TpuVmBackend(api=object()).describe(p))  # type: ignore[arg-type]
     assert "never delete" in rows["node"] and "est. cost" not in rows
 
@@ -236,7 +242,9 @@ def test_dry_run_golden(golden: str, overrides: dict[str, object], mnist_npz: Pa
         nonce="5eed5eed",
     )
     backend = TpuVmBackend(api=object())  # type: ignore[arg-type]  # a dry run never touches the API
-    rows = [("run", p.run_id), ("backend", p.backend), *backend.describe(p), ("run directory", p.run_dir)]
+    assert p.cloud is not None
+    rows = [("run", p.run_id), ("backend", f"{p.backend}  ({p.cloud.choice})"), *backend.describe(p)]
+    rows.append(("run directory", p.run_dir))
     text = dry_run_text(p, backend, rows) + "\n"
     path = GOLDEN.parent / golden
     if os.environ.get("UPDATE_GOLDEN"):

@@ -63,6 +63,14 @@ def test_custom_command_string_runs_in_a_shell_list_is_exec_form() -> None:
     assert load_spec_text(base + "command: [python, train.py]\n").command == ["python", "train.py"]
 
 
+def test_an_ai_zone_is_a_zone_and_a_zone_of_another_form_is_not() -> None:
+    """AI zones (us-central1-ai1a, where the catalog has TPU7x) are zones; 'us-central1-ai' is not."""
+    ok = load_spec_text("name: a\nimage: i\naccelerator: {zones: [us-central1-c, us-central1-ai1a]}\ntraining: {}\n")
+    assert ok.accelerator.zones == ["us-central1-c", "us-central1-ai1a"]
+    with pytest.raises(SpecError, match=r"accelerator.zone: 'us-central1-ai' is not a zone"):
+        load_spec_text("name: a\nimage: i\naccelerator: {zone: us-central1-ai}\ntraining: {}\n")
+
+
 def test_resolved_spec_round_trips() -> None:
     spec = load_spec_text(VALID)
     again = load_spec_text(dump_spec(spec))

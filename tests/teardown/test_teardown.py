@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runner.backends.tpu_api import TpuApi
+from runner.backends.tpu_vm.api import TpuApi
 from runner.cli import app
 from runner.storage import open_storage
 from tests.conftest import FAST_TIMINGS, REPO
@@ -25,6 +25,7 @@ IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 @pytest.fixture
 def api(tpu_emulator, gcs: str, monkeypatch: pytest.MonkeyPatch) -> TpuApi:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
+    monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", tpu_emulator.endpoint)  # runner gc sweeps Compute Engine too
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)

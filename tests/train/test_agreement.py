@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner import contract
-from runner.backends.local import worker_envs
+from runner.backends.local.backend import worker_envs
 from runner.train.agreement import MAX_EVERY, TARGET_S, Agreement
 from runner.train.callbacks import StopSignal
 from runner.train.checkpoints import read_manifest

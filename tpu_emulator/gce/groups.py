@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runner.backends.local import free_ports
+from runner.backends.local.backend import free_ports
 from tpu_emulator.gce import checks, errors, machines
 from tpu_emulator.gce.machines import MachineType
 from tpu_emulator.gce.resources import (
@@ -332,9 +332,13 @@ class Groups:
     def member_down(self, instance: Instance, cause: str) -> None:
         """A member stopped or deleted by Compute Engine (or by someone) : keep the target size."""
         group = self.items.get(instance.group or "")
+        cloud = self.cloud
+        if group is not None and group.deleting is not None and cloud.instances.get(instance.path) is instance:
+            # Stopped (a preemption) while its group was being deleted: it goes with the group, as it would.
+            del cloud.instances[instance.path]
+            return
         if group is None or group.deleting is not None or cause in ("requestedRunDuration", "resize"):
             return
-        cloud = self.cloud
         if instance.path in cloud.instances and instance.status == "TERMINATED":
             # Recreated under its name: a fresh VM from the template (instance/preempted is FALSE again).
             def recreate() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from runner.backends.tpu_api import CLOUD_PLATFORM
+from runner.credentials import CLOUD_PLATFORM
 from tpu_emulator.gce.resources import Instance
 from tpu_emulator.metadata import TOKEN
 from tpu_emulator.resources import project_number

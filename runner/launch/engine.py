@@ -9,7 +9,7 @@ daemon; Podman answers itself. (`docker info --format '{{.ServerVersion}}'` exit
 same `build`, `run`, `stop`, `image inspect`, `push` and `pull` command lines, so everything after the detection
 is one code path with a different first word.
 
-Podman's settings for this project live in the cache, never in /etc: `python -m runner.backends.engine setup`
+Podman's settings for this project live in the cache, never in /etc: `python -m runner.launch.engine setup`
 (`make podman`) writes them under ~/.cache/tpu-runner/containers (PODMAN_DIR), and every Podman command the runner
 starts gets them, unless CONTAINERS_CONF or CONTAINERS_STORAGE_CONF is set already:
 
@@ -139,7 +139,7 @@ def detect(environ: dict[str, str] | None = None) -> Found:
 # -- the project's Podman settings ------------------------------------------------------------------------------
 
 CONTAINERS_CONF = """\
-# Written by `python -m runner.backends.engine setup` (make podman); runner.backends.engine docs say why.
+# Written by `python -m runner.launch.engine setup` (make podman); runner.launch.engine docs say why.
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=20000:20000"]
 
@@ -148,7 +148,7 @@ runtime = "runc"
 """
 
 STORAGE_CONF = """\
-# Written by `python -m runner.backends.engine setup` (make podman): images and the build cache stay here.
+# Written by `python -m runner.launch.engine setup` (make podman): images and the build cache stay here.
 [storage]
 driver = "overlay"
 graphroot = "{root}/storage"
@@ -156,7 +156,7 @@ runroot = "{root}/run"
 """
 
 REGISTRIES_CONF = """\
-# Written by `python -m runner.backends.engine setup` (make podman): a registry on loopback speaks plain HTTP.
+# Written by `python -m runner.launch.engine setup` (make podman): a registry on loopback speaks plain HTTP.
 unqualified-search-registries = ["docker.io"]
 
 [[registry]]
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(found.engine.title if found.engine else found.why)
         return 0 if found.engine else 1
     else:
-        print("usage: python -m runner.backends.engine setup|env|detect", file=sys.stderr)
+        print("usage: python -m runner.launch.engine setup|env|detect", file=sys.stderr)
         return 2
     print("".join(f"export {key}={value}\n" for key, value in settings.items()), end="")
     return 0

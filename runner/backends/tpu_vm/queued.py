@@ -21,15 +21,20 @@ the v2alpha1 API (`gcloud alpha compute tpus queued-resources create --provision
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from runner.backends import labels
 from runner.backends.base import MachineState
-from runner.backends.tpu_api import explain, failure_of_status
-from runner.backends.tpu_vm import NameTaken, TpuVmBackend, TpuVmHandle, node_request, owned
+from runner.backends.deletion import Deletion
+from runner.backends.labels import NameTaken
+from runner.backends.tpu_vm.api import explain, failure_of_status
+from runner.backends.tpu_vm.common import Context
+from runner.backends.tpu_vm.handles import QueuedHandle
+from runner.backends.tpu_vm.requests import queued_request, slice_nodes, target_of
 from runner.errors import AlreadyExists, BackendError, NoCapacity
+from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
 # The API fails a request at its validUntil; the runner gives it this long to say so before acting on its own.
@@ -46,10 +51,6 @@ _STATES = {
     "DELETING": MachineState.DELETING,
     "STATE_UNSPECIFIED": MachineState.UNKNOWN,
 }
-
-
-def queued_name(handle: TpuVmHandle) -> str:
-    return f"projects/{handle.project}/locations/{handle.zone}/queuedResources/{handle.queued_resource}"
 
 
 def state_of(qr: Any | None) -> str | None:
@@ -82,61 +83,6 @@ def failure_reason(qr: Any) -> tuple[str, str]:
     return failure.code, failure.said()
 
 
-def slice_prefix(node_id: str, slices: int) -> str:
-    """The nodeIdPrefix of a multislice: the API names its nodes <prefix>-0 ... <prefix>-<N-1> (MultisliceParams,
-    cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources), and a node id has at most 63
-    characters."""
-    return node_id[: 63 - len(f"-{slices - 1}")].rstrip("-")
-
-
-def slice_nodes(handle: TpuVmHandle, slices: int) -> list[str]:
-    """The node ids a queued resource holds: its one node, or each slice's."""
-    if slices <= 1:
-        return [handle.node_id]
-    prefix = slice_prefix(handle.node_id, slices)
-    return [f"{prefix}-{s}" for s in range(slices)]
-
-
-def queued_request(plan: Plan, zone: str, node_id: str) -> dict[str, Any]:
-    """The QueuedResource to create, as JSON: one node spec (the same Node a direct create sends), the capacity
-    tier, and the queueing policy; with accelerator.slices > 1, multisliceParams {nodeCount, nodeIdPrefix} in place
-    of the nodeId (the two are a oneof). What --dry-run prints is exactly what is sent."""
-    cloud = plan.cloud
-    assert cloud is not None
-    acc = plan.spec.accelerator
-    node = node_request(plan, zone, node_id)
-    node["schedulingConfig"] = {"reserved": True} if acc.reserved else {}
-    spec: dict[str, Any] = {"parent": f"projects/{cloud.project}/locations/{zone}"}
-    if cloud.slices > 1:
-        spec["multisliceParams"] = {"nodeCount": cloud.slices, "nodeIdPrefix": slice_prefix(node_id, cloud.slices)}
-    else:
-        spec["nodeId"] = node_id
-    spec["node"] = node
-    body: dict[str, Any] = {
-        "tpu": {"nodeSpec": [spec]},
-        "queueingPolicy": {"validUntilDuration": f"{cloud.max_wait_s}s"},
-    }
-    if acc.spot:
-        body["spot"] = {}
-    elif not acc.reserved:
-        body["guaranteed"] = {}
-    return body
-
-
-def dry_run_request(plan: Plan) -> list[str]:
-    cloud = plan.cloud
-    assert cloud is not None
-    zone = cloud.zones[0]
-    body = queued_request(plan, zone, cloud.node_id)
-    shown = json.loads(json.dumps(body))
-    metadata = shown["tpu"]["nodeSpec"][0]["node"]["metadata"]
-    metadata["startup-script"] = f"<{len(metadata['startup-script'])} bytes, shown below>"
-    return [
-        f"Request: POST /v2/projects/{cloud.project}/locations/{zone}/queuedResources?queuedResourceId={cloud.node_id}",
-        json.dumps(shown, indent=2),
-    ]
-
-
 class _Ended(Exception):
     """The queued resource will not become ACTIVE in this zone: why, in the API's words. `capacity`: a wait that ran
     out (or a stockout): another zone may have capacity."""
@@ -147,21 +93,20 @@ class _Ended(Exception):
 
 
 class QueuedResources:
-    """The queued-resource flow of one TpuVmBackend: create and follow until ACTIVE, zone after zone."""
+    """The queued-resource flow of one TpuVmBackend: create and follow until ACTIVE, zone after zone; read, delete."""
 
-    def __init__(self, backend: TpuVmBackend) -> None:
-        self.backend = backend
-        self.api = backend.api
-        self.say = backend.say
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.api = ctx.api
+        self.say = ctx.say
 
-    def provision(self, plan: Plan, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
+    def provision(self, plan: Plan, on_handle: Callable[[QueuedHandle], None]) -> QueuedHandle:
         """A queued resource in each zone in turn until one becomes ACTIVE. Quota, permission and request errors
         stop at once: no other zone fixes those."""
-        cloud = plan.cloud
-        assert cloud is not None
-        node_id = cloud.node_id
+        target = target_of(plan)
+        node_id = target.machine_id
         ended: list[tuple[str, _Ended]] = []
-        for i, zone in enumerate(cloud.zones):
+        for i, zone in enumerate(target.zones):
             try:
                 try:
                     return self._create(plan, zone, node_id, on_handle)
@@ -175,54 +120,53 @@ class QueuedResources:
                 ended.append((zone, _Ended(exc.message, capacity=True)))
             except _Ended as exc:
                 ended.append((zone, exc))
-            if i + 1 < len(cloud.zones):
-                self.say(f"{zone}: {ended[-1][1].reason}; queueing in {cloud.zones[i + 1]} next")
+            if i + 1 < len(target.zones):
+                self.say(f"{zone}: {ended[-1][1].reason}; queueing in {target.zones[i + 1]} next")
         reasons = "; ".join(f"{zone}: {exc.reason}" for zone, exc in ended)
-        message = f"no queued resource for {cloud.accelerator.name} became ACTIVE ({reasons})"
+        message = f"no queued resource for {target.accelerator.name} became ACTIVE ({reasons})"
         hint = "raise accelerator.max_wait, list more zones under accelerator.zones, or try Spot (accelerator.spot)"
         if all(exc.capacity for _, exc in ended):
             raise NoCapacity(message, hint=hint)
         raise BackendError(message, hint=hint)
 
-    def _create(self, plan: Plan, zone: str, node_id: str, on_handle: Callable[[TpuVmHandle], None]) -> TpuVmHandle:
-        cloud = plan.cloud
-        assert cloud is not None
-        handle = TpuVmHandle(cloud.project, zone, node_id, created=True, nonce=plan.nonce, queued_resource=node_id)
+    def _create(self, plan: Plan, zone: str, node_id: str, on_handle: Callable[[QueuedHandle], None]) -> QueuedHandle:
+        target = target_of(plan)
+        handle = QueuedHandle(target.project, zone, node_id, queued_resource=node_id, nonce=plan.nonce)
         on_handle(handle)
-        what = cloud.accelerator.name
-        if cloud.slices > 1:
-            nodes = slice_nodes(handle, cloud.slices)
-            what = f"{cloud.slices} slices of {what} (nodes {nodes[0]} ... {nodes[-1]})"
-        self.say(f"queueing {what} in {zone}: queued resource {node_id} (waits up to {cloud.max_wait_s}s for capacity)")
+        what = target.accelerator.name
+        if target.slices > 1:
+            nodes = slice_nodes(node_id, target.slices)
+            what = f"{target.slices} slices of {what} (nodes {nodes[0]} ... {nodes[-1]})"
+        self.say(
+            f"queueing {what} in {zone}: queued resource {node_id} (waits up to {target.max_wait_s}s for capacity)"
+        )
         operation: str | None = None
         try:
             operation = self.api.create_queued_resource(
-                cloud.project, zone, node_id, queued_request(plan, zone, node_id)
+                target.project, zone, node_id, queued_request(plan, zone, node_id)
             )
         except AlreadyExists:
             # Ours when a retried request finds what its first try created; anyone else's is never touched.
-            qr = self.api.get_queued_resource(queued_name(handle), project=cloud.project, zone=zone)
-            if qr is None or not owned(labels_of(qr), handle):
-                owner = labels_of(qr).get("tpu-runner-run", "not a tpu-runner request") if qr is not None else "gone"
+            qr = self.api.get_queued_resource(handle.name, project=target.project, zone=zone)
+            if qr is None or not labels.owned(labels_of(qr), handle.nonce):
+                owner = labels_of(qr).get(labels.RUN, "not a tpu-runner request") if qr is not None else "gone"
                 raise NameTaken(node_id, owner, kind="queued resource") from None
         except BaseException:
-            self.backend.discard(handle)
+            self.discard(handle)
             raise
         try:
             self._wait_active(handle, operation, plan)
             return handle
         except BaseException:
-            self.backend.discard(handle)
+            self.discard(handle)
             raise
 
-    def _wait_active(self, handle: TpuVmHandle, operation: str | None, plan: Plan) -> None:
+    def _wait_active(self, handle: QueuedHandle, operation: str | None, plan: Plan) -> None:
         """Until ACTIVE, one line per state with the seconds since the request, and one a minute while waiting.
         The create operation is read for its outcome (a refusal is only told there), the queued resource for its
         state; FAILED, SUSPENDED or a wait past the bound raise _Ended."""
-        cloud = plan.cloud
-        assert cloud is not None
+        max_wait_s = target_of(plan).max_wait_s
         where = dict(project=handle.project, zone=handle.zone)
-        name = queued_name(handle)
         t0 = time.monotonic()
         last, noted = None, t0
         done = operation is None
@@ -232,7 +176,7 @@ class QueuedResources:
                 done = op.done
                 if op.failure is not None:
                     raise explain(op.failure, f"queue {handle.queued_resource}", **where)
-            qr = self.api.get_queued_resource(name, **where)
+            qr = self.api.get_queued_resource(handle.name, **where)
             state = state_of(qr) or ("CREATED" if done else "PENDING")
             now = time.monotonic()
             waited = now - t0
@@ -251,9 +195,9 @@ class QueuedResources:
             if qr is not None and state in ("SUSPENDING", "SUSPENDED"):
                 who = qr.state.state_initiator.name
                 raise _Ended(f"{state} (by {who}) before it became ACTIVE", capacity=who == "SERVICE")
-            if state != "PROVISIONING" and waited > cloud.max_wait_s + QUEUE_SLACK_S:
+            if state != "PROVISIONING" and waited > max_wait_s + QUEUE_SLACK_S:
                 raise _Ended(
-                    f"still {state} after {waited:.0f}s: accelerator.max_wait ({cloud.max_wait_s}s) passed",
+                    f"still {state} after {waited:.0f}s: accelerator.max_wait ({max_wait_s}s) passed",
                     capacity=True,
                 )
             if time.time() > plan.deadline:
@@ -261,4 +205,49 @@ class QueuedResources:
                     f"queued resource {handle.queued_resource} was not ACTIVE when the run's max_runtime ran out",
                     hint="raise teardown.max_runtime, or list other zones",
                 )
-            time.sleep(min(self.backend.poll_s, 1.0 + waited / 10))
+            time.sleep(min(self.ctx.poll_s, 1.0 + waited / 10))
+
+    def discard(self, handle: QueuedHandle) -> None:
+        """Delete what this attempt created, and only that: a queued resource carrying this run's nonce."""
+        try:
+            with signals_deferred(self.say):  # a second Ctrl-C must not leave the half-created request behind
+                qr = self.api.get_queued_resource(handle.name, project=handle.project, zone=handle.zone)
+                if qr is not None and labels.owned(labels_of(qr), handle.nonce):
+                    self.ctx.delete(self.deletion(handle), announce=True)
+        except BackendError as exc:
+            self.say(
+                f"warning: could not make sure {self.what(handle)} in {handle.zone} is deleted: {exc}; "
+                "`runner down RUN` or `runner gc` will"
+            )
+
+    # -- read, delete ---------------------------------------------------------------------------------------------
+
+    def observe(self, handle: QueuedHandle) -> tuple[MachineState, str | None]:
+        qr = self.api.get_queued_resource(handle.name, project=handle.project, zone=handle.zone)
+        return queued_state(qr), state_of(qr)
+
+    @staticmethod
+    def what(handle: QueuedHandle) -> str:
+        return f"queued resource {handle.queued_resource} (and any node it holds)"
+
+    @staticmethod
+    def delete_hint(handle: QueuedHandle) -> str:
+        return (
+            f"delete it yourself: gcloud compute tpus queued-resources delete {handle.queued_resource} "
+            f"--zone={handle.zone} --project={handle.project} --force"
+        )
+
+    def deletion(self, handle: QueuedHandle) -> Deletion:
+        where = dict(project=handle.project, zone=handle.zone)
+        return Deletion(
+            what=self.what(handle),
+            zone=handle.zone,
+            hint=self.delete_hint(handle),
+            check=f"gcloud compute tpus queued-resources describe {handle.queued_resource} --zone={handle.zone}",
+            read_state=lambda: state_of(self.api.get_queued_resource(handle.name, **where)),
+            request=lambda: self.api.delete_queued_resource(handle.name, **where),  # force: its nodes too
+            outcome=lambda op: self.ctx.operation(op, self.what(handle), **where),
+        )
+
+    def teardown(self, handle: QueuedHandle, *, grace_s: float, wait_s: float) -> bool:
+        return self.ctx.delete(self.deletion(handle), announce=True, wait_s=wait_s)

@@ -1,4 +1,4 @@
-"""runner.backends.engine: which container engine answers here, found the same way for Docker and Podman, and the
+"""runner.launch.engine: which container engine answers here, found the same way for Docker and Podman, and the
 project's Podman settings; and the command line container.plan_launch makes with each (stand-in CLIs that answer
 `version` as the real ones do)."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.backends import container, engine
+from runner.backends import container
 from runner.errors import BackendError, UsageError
+from runner.launch import engine
 
 STAND_IN = """\
 #!{python}

@@ -2,117 +2,27 @@
 
 The client is google-cloud-tpu's TpuClient over REST. $RUNNER_TPU_ENDPOINT (e.g. http://127.0.0.1:8470, the TPU
 API emulator) points it at another server with anonymous credentials, the same way STORAGE_EMULATOR_HOST does for
-Cloud Storage. TPU RPCs have no default retry: transient answers (429 rate limits, 5xx, dropped connections) are
-retried here with backoff. Every RPC goes through `TpuApi.call`, long-running operations included: they are read
-with operations.get like any other resource, never through the SDK's operation future, whose polling raises SDK
-errors outside this seam.
-
-Errors are classified from what the API says in structure, not in prose (cloud.google.com/apis/design/errors):
-the canonical status code, and the google.rpc details of the error or the failed operation: ErrorInfo.reason
-(RATE_LIMIT_EXCEEDED is a rate limit that passes; RESOURCE_QUOTA_EXCEEDED an allocation quota that does not,
-per google/api/error_reason.proto), QuotaFailure violations, BadRequest field violations. A failed create
-operation with code 8 (RESOURCE_EXHAUSTED) and no quota detail is a stockout.
+Cloud Storage. Every RPC goes through `TpuApi.call` (retries and classification: runner.backends.google_api),
+long-running operations included: they are read with operations.get like any other resource, never through the
+SDK's operation future, whose polling raises SDK errors outside this seam. A failed create operation with code 8
+(RESOURCE_EXHAUSTED) and no quota detail is a stockout.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from runner.backends.google_api import ApiClock, ApiFailure, default_retry, failure_of, quoted_after
+from runner.credentials import anonymous, default_credentials
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 from runner.timings import Timings
 
-CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 ENDPOINT_ENV = "RUNNER_TPU_ENDPOINT"
-DEBUG_ENV = "RUNNER_DEBUG"
 T = TypeVar("T")
-
-_TYPE = "type.googleapis.com/google.rpc."
-# google/api/error_reason.proto: which ErrorInfo reasons mean what for us.
-_RATE_REASONS = {"RATE_LIMIT_EXCEEDED"}
-_QUOTA_REASONS = {"RESOURCE_QUOTA_EXCEEDED"}
-_TRANSIENT_CODES = {"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "UNKNOWN", "ABORTED"}
-# api-core formats REST errors as "<METHOD> <URL>: <message>"; the URL is noise to a user (RUNNER_DEBUG keeps it).
-_REST_PREFIX = re.compile(r"^(?:GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ")
-
-
-@dataclass(frozen=True)
-class ApiFailure:
-    """An error answer or a failed operation, reduced to what the API states: code, message, details."""
-
-    code: str  # canonical status name: RESOURCE_EXHAUSTED, PERMISSION_DENIED, ...
-    message: str  # the server's own words, without our request's method and URL
-    details: tuple[dict[str, Any], ...] = ()
-    http_status: int | None = None
-    request: str | None = None  # "POST http://...": shown only with RUNNER_DEBUG
-    from_operation: bool = False  # a long-running operation ended with this error
-
-    def _detail(self, kind: str) -> dict[str, Any] | None:
-        return next((d for d in self.details if d.get("@type") == _TYPE + kind), None)
-
-    @property
-    def reason(self) -> str | None:
-        info = self._detail("ErrorInfo")
-        return str(info["reason"]) if info and info.get("reason") else None
-
-    @property
-    def metadata(self) -> dict[str, str]:
-        info = self._detail("ErrorInfo") or {}
-        return {str(k): str(v) for k, v in (info.get("metadata") or {}).items()}
-
-    @property
-    def quota_violations(self) -> list[str]:
-        failure = self._detail("QuotaFailure") or {}
-        return [
-            " ".join(str(v.get(k)) for k in ("subject", "description") if v.get(k))
-            for v in failure.get("violations") or []
-        ]
-
-    @property
-    def field_violations(self) -> list[str]:
-        bad = self._detail("BadRequest") or {}
-        return [f"{v.get('field')}: {v.get('description')}" for v in bad.get("fieldViolations") or []]
-
-    @property
-    def is_quota(self) -> bool:
-        return self._detail("QuotaFailure") is not None or self.reason in _QUOTA_REASONS
-
-    @property
-    def is_rate_limit(self) -> bool:
-        return self.code == "RESOURCE_EXHAUSTED" and not self.is_quota and not self.from_operation
-
-    @property
-    def transient(self) -> bool:
-        return self.is_rate_limit or self.code in _TRANSIENT_CODES
-
-    def said(self) -> str:
-        text = self.message
-        if os.environ.get(DEBUG_ENV) and self.request:
-            text += f" [{self.request}]"
-        return text
-
-
-def failure_of(exc: BaseException) -> ApiFailure | None:
-    """An api-core exception as an ApiFailure; None for anything else (a bug is not an API answer)."""
-    from google.api_core import exceptions as gexc
-
-    if isinstance(exc, gexc.RetryError) and exc.cause is not None:
-        return failure_of(exc.cause)
-    if not isinstance(exc, gexc.GoogleAPICallError):
-        return None
-    code = _canonical_code(exc)
-    message = exc.message or str(exc)
-    request = None
-    if m := _REST_PREFIX.match(message):
-        request, message = m.group(0)[:-2], message[m.end() :]
-    details = tuple(d for d in (exc.details or ()) if isinstance(d, dict))
-    return ApiFailure(code, message, details, exc.code if isinstance(exc.code, int) else None, request)
 
 
 def failure_of_status(status: Any) -> ApiFailure:
@@ -131,64 +41,6 @@ def failure_of_status(status: Any) -> ApiFailure:
     except ValueError:
         code = "UNKNOWN"
     return ApiFailure(code, status.message or code, tuple(details), from_operation=True)
-
-
-def _canonical_code(exc: Any) -> str:
-    """The canonical status name: from the REST body's `error.status` (api-core maps several statuses onto one HTTP
-    class: 409 is ALREADY_EXISTS or ABORTED), else the exception's gRPC code, else the HTTP status's usual one."""
-    response = getattr(exc, "response", None)
-    if response is not None:
-        try:
-            status = response.json()["error"]["status"]
-            if isinstance(status, str) and status:
-                return status
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass
-    if exc.grpc_status_code is not None:
-        return str(exc.grpc_status_code.name)
-    by_http = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
-    by_http |= {409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
-    by_http |= {502: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
-    return by_http.get(exc.code, "UNKNOWN") if isinstance(exc.code, int) else "UNKNOWN"
-
-
-def _transient(exc: BaseException) -> bool:
-    import requests
-
-    if isinstance(exc, requests.ConnectionError | requests.Timeout):
-        return True  # a dropped connection: the request is retried like a 503
-    failure = failure_of(exc)
-    return failure is not None and failure.transient
-
-
-def default_retry(deadline_s: float = 120.0, initial_s: float = 1.0) -> Any:
-    from google.api_core import retry
-
-    return retry.Retry(predicate=_transient, initial=initial_s, maximum=20.0, multiplier=2.0, timeout=deadline_s)
-
-
-class ApiClock:
-    """The API's own time: the Date header of its last answer, plus how long ago that came (this machine's
-    monotonic clock measures only the interval). Durations against the API's timestamps (a node's createTime,
-    an object's `updated` on Google's side) are then on one clock, whatever this machine's says."""
-
-    def __init__(self) -> None:
-        self._seen: tuple[float, float] | None = None  # (API time, time.monotonic() when it came)
-
-    def note(self, headers: Sequence[tuple[str, Any]]) -> None:
-        from email.utils import parsedate_to_datetime
-
-        for key, value in headers:
-            if key.lower() == "date":
-                with contextlib.suppress(TypeError, ValueError):  # a Date that is not one says no time
-                    self._seen = (parsedate_to_datetime(str(value)).timestamp(), time.monotonic())
-
-    def now(self) -> float | None:
-        """Now by the API's clock (to the second: a Date header's resolution); None before any answer had one."""
-        if self._seen is None:
-            return None
-        stamp, at = self._seen
-        return stamp + (time.monotonic() - at)
 
 
 def _clocked(clock: ApiClock) -> Any:
@@ -219,22 +71,10 @@ def make_client(clock: ApiClock | None = None) -> Any:
     interceptor = _clocked(clock) if clock is not None else None
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
-        from google.auth.credentials import AnonymousCredentials
-
-        transport = TpuRestTransport(host=endpoint, credentials=AnonymousCredentials(), interceptor=interceptor)
+        transport = TpuRestTransport(host=endpoint, credentials=anonymous(), interceptor=interceptor)
         return tpu_v2.TpuClient(transport=transport)
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
-    except DefaultCredentialsError as exc:
-        raise BackendError(
-            "no Google Cloud credentials found",
-            hint="run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
-            "to a service-account key)",
-        ) from exc
-    return tpu_v2.TpuClient(transport=TpuRestTransport(credentials=credentials, interceptor=interceptor))
+    transport = TpuRestTransport(credentials=default_credentials(), interceptor=interceptor)
+    return tpu_v2.TpuClient(transport=transport)
 
 
 def explain(failure: ApiFailure, action: str, *, project: str, zone: str) -> BackendError:
@@ -247,7 +87,7 @@ def explain(failure: ApiFailure, action: str, *, project: str, zone: str) -> Bac
                 f"the Cloud TPU API is not enabled in project {project} (trying to {action}): {said}",
                 hint=f"`gcloud services enable tpu.googleapis.com --project {project}`",
             )
-        permission = failure.metadata.get("permission") or _quoted_after(failure.message, "Permission ")
+        permission = failure.metadata.get("permission") or quoted_after(failure.message, "Permission ")
         return BackendError(
             f"permission denied to {action}: {said}",
             hint=(f"the account lacks {permission}; " if permission else "")
@@ -288,15 +128,6 @@ def explain(failure: ApiFailure, action: str, *, project: str, zone: str) -> Bac
             f"not authenticated to {action}: {said}", hint="run `gcloud auth application-default login`"
         )
     return BackendError(f"could not {action}: {said} ({code})")
-
-
-def _quoted_after(message: str, marker: str) -> str | None:
-    start = message.find(marker + "'")
-    if start < 0:
-        return None
-    rest = message[start + len(marker) + 1 :]
-    end = rest.find("'")
-    return rest[:end] if end > 0 else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,193 @@
+"""TPU nodes the run creates outright: created in the first zone with capacity, followed until READY, read for
+their state, and deleted on their own.
+
+Node.State maps onto MachineState through one table: what is there to pay for, and whether it can still run the
+job. A node taken back before its job could start is a preemption, which the runner retries like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runner.backends import labels
+from runner.backends.base import MachineState
+from runner.backends.deletion import Deletion
+from runner.backends.labels import NameTaken
+from runner.backends.tpu_vm.api import explain
+from runner.backends.tpu_vm.common import Context
+from runner.backends.tpu_vm.handles import NodeHandle
+from runner.backends.tpu_vm.requests import node_request, target_of
+from runner.backends.zones import first_with_capacity
+from runner.errors import AlreadyExists, BackendError, Preempted
+from runner.interrupts import signals_deferred
+from runner.plan.planner import Plan
+
+# Node.State -> MachineState.
+STATES = {
+    "CREATING": MachineState.CREATING,
+    "STARTING": MachineState.CREATING,
+    "RESTARTING": MachineState.CREATING,
+    "REIMAGING": MachineState.CREATING,
+    "REPAIRING": MachineState.CREATING,
+    "UNHIDING": MachineState.CREATING,
+    "READY": MachineState.RUNNING,
+    "STOPPING": MachineState.STOPPED,
+    "STOPPED": MachineState.STOPPED,
+    "DELETING": MachineState.DELETING,
+    "PREEMPTED": MachineState.PREEMPTED,
+    "TERMINATED": MachineState.PREEMPTED,
+    "HIDING": MachineState.UNKNOWN,
+    "HIDDEN": MachineState.UNKNOWN,
+    "STATE_UNSPECIFIED": MachineState.UNKNOWN,
+}
+
+
+def machine_state(node: Any | None) -> MachineState:
+    if node is None:
+        return MachineState.GONE
+    return STATES.get(node.state.name, MachineState.UNKNOWN)
+
+
+class Nodes:
+    """The node flow of one TpuVmBackend."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.ready_at: dict[str, float | None] = {}  # node id -> its create operation's end (the API's clock)
+
+    # -- create ---------------------------------------------------------------------------------------------------
+
+    def provision(self, plan: Plan, on_handle: Callable[[NodeHandle], None]) -> NodeHandle:
+        """The node in the first zone with capacity (runner.backends.zones). `on_handle` gets each node's handle
+        before its create request is sent, so that a runner killed at any moment has recorded what it may have
+        created."""
+        target = target_of(plan)
+        return first_with_capacity(
+            target.zones,
+            lambda zone, name: self._create(plan, zone, name, on_handle),
+            name=target.machine_id,
+            what=target.accelerator.name,
+            kind="node",
+            capacity_wait_s=plan.spec.retries.capacity_wait,
+            backoff_s=self.ctx.backoff_s,
+            say=self.ctx.say,
+        )
+
+    def _create(self, plan: Plan, zone: str, node_id: str, on_handle: Callable[[NodeHandle], None]) -> NodeHandle:
+        target = target_of(plan)
+        api, project = self.ctx.api, target.project
+        handle = NodeHandle(project, zone, node_id, nonce=plan.nonce)
+        on_handle(handle)
+        self.ctx.say(f"creating TPU node {node_id} ({target.accelerator.name}) in {zone}")
+        operation: str | None = None
+        try:
+            operation = api.create_node(project, zone, node_id, node_request(plan, zone, node_id))
+        except AlreadyExists:
+            # Ours when a retried request finds what its first try created; anyone else's is never touched.
+            node = api.get_node(project, zone, node_id)
+            if node is None or not labels.owned(dict(node.labels), handle.nonce):
+                owner = dict(node.labels).get(labels.RUN, "not a tpu-runner node") if node is not None else "gone"
+                raise NameTaken(node_id, owner) from None
+        except BaseException:
+            # The request may have gone through before the error (a dropped answer, Ctrl-C): whatever of ours
+            # exists is deleted; a node that is not ours is left alone.
+            self.discard(handle)
+            raise
+        try:
+            self.ready_at[node_id] = self._wait_ready(handle, operation, deadline=plan.deadline)
+            return handle
+        except BaseException:
+            self.discard(handle)
+            raise
+
+    def _wait_ready(self, handle: NodeHandle, operation: str | None, *, deadline: float) -> float | None:
+        """Until the create operation is done and the node READY, showing each state; polls every second at first,
+        then every poll_s (a TPU VM takes a minute or more to create). The operation is read for its outcome (a
+        stockout or a refusal is only told there); the node for its state. Returns when the node became READY by
+        the API's clock (the operation's end), when it says so: the start of what the run is billed for."""
+        api, say = self.ctx.api, self.ctx.say
+        t0 = time.monotonic()
+        last = None
+        done = operation is None
+        ended_at: float | None = None
+        while True:
+            if not done and operation is not None:
+                op = api.get_operation(operation, project=handle.project, zone=handle.zone)
+                done, ended_at = op.done, op.ended_at
+                if op.failure is not None:
+                    raise explain(
+                        op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
+                    )
+            node = api.get_node(handle.project, handle.zone, handle.node_id)
+            state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
+            if state != last:
+                say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
+                last = state
+            if state == "READY" or (done and node is None):
+                return ended_at  # created (a job short enough may already have deleted its node: the watch sees it)
+            if state in ("PREEMPTED", "TERMINATED"):
+                raise Preempted(
+                    f"node {handle.node_id} was {state} as soon as it was created",
+                    hint="Spot capacity is short here: list more zones, or drop accelerator.spot",
+                )
+            if state in ("STOPPED", "STOPPING"):
+                raise BackendError(f"node {handle.node_id} went {state} while being created")
+            if time.time() > deadline:
+                # A slow create is waited for, not failed: only the run's own deadline (max_runtime) ends the wait.
+                raise BackendError(
+                    f"node {handle.node_id} was not READY when the run's max_runtime ran out",
+                    hint="raise teardown.max_runtime, or list other zones",
+                )
+            time.sleep(min(self.ctx.poll_s, 1.0 + (time.monotonic() - t0) / 10))
+
+    def discard(self, handle: NodeHandle) -> None:
+        """Delete what this attempt created, and only that: a node carrying this run's nonce."""
+        try:
+            with signals_deferred(self.ctx.say):  # a second Ctrl-C must not leave the half-created node behind
+                node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
+                if node is not None and labels.owned(dict(node.labels), handle.nonce):
+                    self.ctx.delete(self.deletion(handle), announce=False)
+        except BackendError as exc:
+            self.ctx.say(
+                f"warning: could not make sure {self.what(handle)} in {handle.zone} is deleted: {exc}; "
+                "`runner down RUN` or `runner gc` will"
+            )
+
+    # -- read, delete ---------------------------------------------------------------------------------------------
+
+    def observe(self, handle: NodeHandle) -> tuple[MachineState, str | None]:
+        node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
+        return machine_state(node), None if node is None else str(node.state.name)
+
+    @staticmethod
+    def what(handle: NodeHandle) -> str:
+        return f"TPU node {handle.node_id}"
+
+    @staticmethod
+    def delete_hint(handle: NodeHandle) -> str:
+        return (
+            f"delete it yourself: gcloud compute tpus tpu-vm delete {handle.node_id} --zone={handle.zone} "
+            f"--project={handle.project}"
+        )
+
+    def deletion(self, handle: NodeHandle) -> Deletion:
+        api, where = self.ctx.api, dict(project=handle.project, zone=handle.zone)
+
+        def state() -> str | None:
+            node = api.get_node(handle.project, handle.zone, handle.node_id)
+            return None if node is None else str(node.state.name)
+
+        return Deletion(
+            what=self.what(handle),
+            zone=handle.zone,
+            hint=self.delete_hint(handle),
+            check=f"gcloud compute tpus tpu-vm describe {handle.node_id} --zone={handle.zone}",
+            read_state=state,
+            request=lambda: api.delete_node(handle.project, handle.zone, handle.node_id),
+            outcome=lambda op: self.ctx.operation(op, self.what(handle), **where),
+        )
+
+    def teardown(self, handle: NodeHandle, *, grace_s: float, wait_s: float) -> bool:
+        return self.ctx.delete(self.deletion(handle), announce=True, wait_s=wait_s)

@@ -1,0 +1,156 @@
+"""The layer order docs/architecture.md documents, held on the source: every import in `runner` (at module level,
+inside functions, under TYPE_CHECKING) points down the order, never up or sideways; and the in-container supervisor
+loads no pydantic.
+
+A `__main__` module is an entry point: it runs a program, nothing imports it (held below), so it may use any layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import REPO
+
+RUNNER = REPO / "runner"
+
+# Top to bottom, as docs/architecture.md draws it. A unit (a package of runner, a top-level module, or a module
+# named on its own) imports only units on lower lines; units on the same line do not import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("cli",),
+    ("bench",),
+    ("lifecycle", "teardown", "collect"),
+    ("backends",),
+    ("launch",),
+    ("worker",),
+    ("train",),
+    ("plan",),
+    ("watch",),
+    ("spec",),
+    ("datasets",),
+    ("storage",),
+    ("launch.variants",),
+    ("launch.imageref",),
+    ("metrics", "credentials", "interrupts", "timings", "__version__"),
+    ("contract", "errors"),
+]
+RANK = {unit: rank for rank, line in enumerate(LAYERS) for unit in line}
+
+
+def unit_of(module: str) -> str | None:
+    """The layer unit a module of runner belongs to (runner.launch.imageref -> launch.imageref, runner.plan.x ->
+    plan); None for the package itself."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    if ".".join(parts[:2]) in RANK:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def module_of(path: Path, root: Path = RUNNER) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path = RUNNER) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import in `path`, wherever it stands; `from a import b` as a.b (b may be a module:
+    `from runner.launch import variants` imports launch.variants, not the rest of launch)."""
+    module = module_of(path, root)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            yield from ((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+
+
+def back_edges(root: Path = RUNNER) -> list[str]:
+    """Every import in the runner that points up the order, or sideways within a line, as 'file:line a -> b'."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        source = unit_of(module_of(path, root))
+        if source is None:
+            continue
+        for line, target in imports_of(path, root):
+            to = unit_of(target) if target.startswith("runner.") else None
+            if to is None or to == source:
+                continue
+            if to not in RANK or source not in RANK or RANK[to] <= RANK[source]:
+                found.append(f"{path.relative_to(root.parent)}:{line} {source} -> {to} ({target})")
+    return found
+
+
+def test_every_unit_is_in_the_documented_order() -> None:
+    units = {unit_of(module_of(p)) for p in RUNNER.rglob("*.py") if p.name != "__main__.py"}
+    assert units - set(RANK) - {None} == set()
+
+
+def test_no_import_points_up_the_layer_order() -> None:
+    assert back_edges() == []
+
+
+def test_the_order_is_the_documented_one() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    drawn = [line for line in text.split("```layers\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
+    assert [tuple(line.split("#")[0].split()) for line in drawn] == LAYERS
+
+
+def test_nothing_imports_an_entry_point() -> None:
+    found = [
+        f"{p.relative_to(REPO)}:{line} {target}"
+        for p in RUNNER.rglob("*.py")
+        for line, target in imports_of(p)
+        if target.startswith("runner.") and target.endswith(".__main__")
+    ]
+    assert found == []
+
+
+def test_the_test_finds_a_back_edge(tmp_path: Path) -> None:
+    """The check fails on an import up the order, wherever it stands (here inside a function)."""
+    root = tmp_path / "runner"
+    (root / "storage").mkdir(parents=True)
+    (root / "storage" / "probe.py").write_text(
+        "import runner.errors\n\n\ndef f() -> None:\n    from runner.spec import JobSpec\n"
+    )
+    (root / "errors.py").write_text("from . import storage\n")
+    assert back_edges(root) == [
+        "runner/errors.py:1 errors -> storage (runner.storage)",
+        "runner/storage/probe.py:5 storage -> spec (runner.spec.JobSpec)",
+    ]
+
+
+def test_the_supervisor_loads_no_pydantic() -> None:
+    """The in-container supervisor and mirror start with every job: pydantic (and the spec) stay out of them."""
+    code = (
+        "import sys\n"
+        "import runner.worker.supervisor, runner.worker.mirror, runner.worker.logsync\n"
+        "heavy = sorted(m for m in ('pydantic', 'yaml', 'runner.spec', 'google.cloud.storage') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == ""
+
+
+def test_plan_collect_watch_and_teardown_test_no_backend_by_name() -> None:
+    """What differs between backends is asked of the registry (runner.backends: info, is_cloud, chosen), never
+    decided by comparing a backend's name: a new backend needs no edit here."""
+    from runner.backends import NAMES
+
+    found = []
+    for package in ("plan", "collect", "watch", "teardown", "lifecycle"):
+        for path in sorted((RUNNER / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare):
+                    names = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in NAMES]
+                    found += [f"{path.relative_to(REPO)}:{node.lineno} {name}" for name in names]
+    assert found == []
