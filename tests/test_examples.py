@@ -113,8 +113,9 @@ def mid_epoch(run_dir: Path | None) -> bool:
 
 
 def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> Path:
-    """Ctrl-C the runner while its job is inside an epoch after the first: the job is frozen where it was seen, so
-    that the SIGTERM the runner sends lands mid-epoch however loaded the machine is."""
+    """Ctrl-C the runner while its job is inside an epoch after the first: the job is frozen where it was seen (its
+    whole process group: a shell form's program is the shell's child), so that the SIGTERM lands mid-epoch however
+    loaded the machine is."""
     deadline = time.monotonic() + 300
     while not mid_epoch(run_dir_of(home)):
         assert proc.poll() is None, f"{what} ended before it was seen mid-epoch:\n{proc.communicate()[0][-3000:]}"
@@ -124,18 +125,18 @@ def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> P
     assert run_dir is not None
     pid = job_pid(run_dir)
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    os.killpg(pid, signal.SIGSTOP)  # the job leads its own process group
     proc.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 60
     while True:
         try:
             if sigterm_pending(pid):
                 break
-        except FileNotFoundError:  # a stopped job goes only by SIGKILL: say what the runner printed
+        except FileNotFoundError:  # a frozen job goes only by SIGKILL: say what the runner printed
             pytest.fail(f"{what}: the stopped job was killed:\n{proc.communicate()[0][-3000:]}")
         assert time.monotonic() < deadline, f"{what}: the runner never stopped the job"
         time.sleep(0.01)
-    os.kill(pid, signal.SIGCONT)
+    os.killpg(pid, signal.SIGCONT)
     return run_dir
 
 

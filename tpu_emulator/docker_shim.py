@@ -37,6 +37,7 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.imageref import ImageRef
+from runner.worker import processes
 from tpu_emulator import vm_engine
 from tpu_emulator.vm import CLOCK_SKEW, COORDINATOR, MARKER, python_dir
 
@@ -179,7 +180,7 @@ def load(name: str) -> dict | None:
 
 
 def running(record: dict | None) -> bool:
-    return record is not None and container.process_alive(record["pid"], record.get("ticks"))
+    return record is not None and processes.process_alive(record["pid"], record.get("ticks"))
 
 
 def _save(record: dict) -> None:
@@ -328,7 +329,7 @@ def run(args: list[str]) -> int:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        ticks = container.start_ticks(child.pid)
+        ticks = processes.start_ticks(child.pid)
         _save({"id": cid, "name": name, "image": ref, "pid": child.pid, "ticks": ticks, "rm": _on(flags, "--rm")})
         print(cid)
         return 0
@@ -358,7 +359,7 @@ def run(args: list[str]) -> int:
                 "name": name,
                 "image": ref,
                 "pid": os.getpid(),
-                "ticks": container.start_ticks(os.getpid()),
+                "ticks": processes.start_ticks(os.getpid()),
                 "rm": _on(flags, "--rm"),
             }
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.engine import Engine
+from runner.worker import processes
 
 MARKER = "RUNNER_EMULATOR_VM"  # <emulator id>:<boot number>:<worker>, in every VM process's environment
 # Seconds a VM's clock is off (the clock_skew fault): its `date` (a shim first on its PATH) and its Python's
@@ -100,7 +101,7 @@ class VmProcess:
             log.write(f"[tpu-emulator] startup-script exited with status {self.exit_code}\n")
 
     def info(self) -> VmInfo:
-        alive = self.exit_code is None or container.group_alive(self.popen.pid)
+        alive = self.exit_code is None or processes.group_alive(self.popen.pid)
         return VmInfo(
             self.worker, self.popen.pid, alive, self.exit_code, self.directory, self.console_log, self.hostname
         )
@@ -130,7 +131,7 @@ class VmGroup:
         return tuple(p.info() for p in self.processes)
 
     def alive(self) -> bool:
-        return any(container.group_alive(p.popen.pid) for p in self.processes) or bool(marked_pids(self.marker_prefix))
+        return any(processes.group_alive(p.popen.pid) for p in self.processes) or bool(marked_pids(self.marker_prefix))
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM every process of every worker, SIGKILL what is left after grace_s; returns when none is left."""
@@ -148,7 +149,7 @@ class VmGroup:
                 time.sleep(0.05)
             for _ in range(100):
                 left = marked_pids(self.marker_prefix)  # one /proc scan a round: to test, then to signal
-                if not left and not any(container.group_alive(pgid) for pgid in pgids):
+                if not left and not any(processes.group_alive(pgid) for pgid in pgids):
                     break
                 _signal_all(pgids, left, signal.SIGKILL)
                 time.sleep(0.05)

@@ -38,6 +38,7 @@ from runner.watch.logtext import LogCleaner
 from runner.watch.results import write_derived_summary
 from runner.watch.rundir import TRAINING_DONE, ExitRecord, Heartbeat, Progress
 from runner.watch.state import RunState
+from runner.worker import processes
 from runner.worker.mirror import Mirror, checkpoint_keep
 
 TAIL_LINES = 30
@@ -46,8 +47,12 @@ FINISH_RESERVE_S = 5.0
 EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
 
 
-def _set_pdeathsig() -> None:
-    """Linux: the job dies with its supervisor, so a killed supervisor leaves no trainer behind."""
+def _job_process() -> None:
+    """In the job's process, before its command starts: a process group of its own, so that a stop reaches
+    everything the command started (a shell form's program is the shell's child: dash does not exec it, and a
+    SIGTERM to the shell alone would leave the program training with nothing saved); and, on Linux, death with the
+    supervisor, so a killed supervisor leaves no trainer behind."""
+    os.setpgid(0, 0)
     try:
         import ctypes
 
@@ -252,13 +257,10 @@ class Supervisor:
             log.write(line + "\n")
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(self.job_grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        """SIGTERM the job's whole process group and wait for all of it, not only its first process (a shell form's
+        shell ends at once while its program saves); SIGKILL what is left when the job's grace ends."""
+        if proc.poll() is None:
+            processes.stop_group(proc.pid, self.job_grace_s)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -286,7 +288,7 @@ class Supervisor:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_set_pdeathsig,
+                preexec_fn=_job_process,
             )
         except OSError as exc:
             return self.finish(events, None, f"cannot start {cmd[0]}: {exc.strerror}")

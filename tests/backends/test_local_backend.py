@@ -16,6 +16,7 @@ import pytest
 from runner import contract
 from runner.backends import container
 from runner.watch.runs import RunRecord
+from runner.worker import processes
 from tests.cli.test_cli import command_job
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
@@ -61,13 +62,13 @@ def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
     )
     record = only_record(runner_home)
     job_pgid = record.handle["pgid"]
-    assert container.group_alive(job_pgid)
+    assert processes.group_alive(job_pgid)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "stopping the run" in out and "cancelled" in out
     assert "Traceback" not in out
-    assert not container.group_alive(job_pgid), "the job's processes outlived the runner"
+    assert not processes.group_alive(job_pgid), "the job's processes outlived the runner"
     final = only_record(runner_home)
     assert final.state == "cancelled" and final.finished_at
     exit_record = json.loads((Path(final.run_dir) / contract.exit_key(0)).read_text())
@@ -120,7 +121,7 @@ def test_detach_returns_at_once(tmp_path: Path, runner_home: Path) -> None:
         )
         assert json.loads(status.stdout)["state"] == "running"
     finally:
-        container.stop_group(record.handle["pgid"], grace_s=5)
+        processes.stop_group(record.handle["pgid"], grace_s=5)
 
 
 def test_docker_command_line_keeps_values_off_argv() -> None:
@@ -207,5 +208,5 @@ def test_a_daemon_the_job_started_outside_its_process_group_is_stopped_with_the_
     import re
 
     (pid,) = [int(p) for p in re.findall(r"(\d+): sleep 600", done.stdout)]  # setsid(1) forked: its child sleeps
-    assert not container.process_alive(pid), "the job's daemon outlived the run"
-    assert not [p for p in container.marked_pids(container.SESSION, "cmd-") if container.process_alive(p)]
+    assert not processes.process_alive(pid), "the job's daemon outlived the run"
+    assert not [p for p in container.marked_pids(container.SESSION, "cmd-") if processes.process_alive(p)]

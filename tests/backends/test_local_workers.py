@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from runner import contract
-from runner.backends import container
 from runner.backends.local.backend import LocalHandle, free_ports, worker_envs
 from runner.cli import app
 from runner.watch.runs import RunRecord
+from runner.worker import processes
 from tests.backends.test_local_backend import wait_for
 from tests.cli.test_cli import command_job
 
@@ -219,7 +219,7 @@ def test_a_trainer_killed_fails_the_run_naming_its_worker_and_stops_the_other(
     assert "worker 1 failed first (exit code 137)" in text
     final = records(runner_home)[-1]
     assert final.state == "failed"
-    assert not container.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
+    assert not processes.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
     run_dir = Path(final.run_dir)
     assert json.loads((run_dir / contract.exit_key(1)).read_text())["exit_code"] == 137  # 128 + SIGKILL
     assert json.loads((run_dir / contract.exit_key(0)).read_text())["state"] in ("cancelled", "failed")
@@ -244,8 +244,8 @@ def test_a_worker_killed_whole_is_lost_and_ends_the_run(
     text = out.decode()
     assert proc.returncode != 0, text
     assert "worker 1's heartbeat stopped" in text
-    assert not container.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
-    assert not container.group_alive(supervisor_1)
+    assert not processes.group_alive(record.handle["pgid"]), "worker 0 outlived the run"
+    assert not processes.group_alive(supervisor_1)
     assert not (Path(record.run_dir) / contract.exit_key(1)).exists()
 
 

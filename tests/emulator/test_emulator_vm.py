@@ -24,8 +24,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
 from runner import contract
-from runner.backends import container
 from runner.storage import open_storage
+from runner.worker import processes
 from tpu_emulator import TpuEmulator
 from tpu_emulator.vm import marked_pids
 
@@ -199,7 +199,7 @@ def test_a_vm_deletes_its_own_node(client: tpu_v2.TpuClient, tpu_emulator: TpuEm
     assert answer["metadata"]["verb"] == "delete" and answer["metadata"]["target"] == name
     delete = [r for r in tpu_emulator.requests if r.method == "DELETE"]
     assert [(d.status, (d.authorization or "").startswith("Bearer ya29.")) for d in delete] == [(200, True)]
-    assert not container.process_alive(vm.pid)
+    assert not processes.process_alive(vm.pid)
     assert marked_pids(f"{tpu_emulator.id}:") == []
 
 
@@ -210,11 +210,11 @@ def test_deleting_a_node_kills_everything_its_vm_started(quick_emulator: TpuEmul
     name = boot(client, "long", script)
     vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
     pids = [int(wait_file(vm.directory / f)) for f in ("child.pid", "escaped.pid")] + [vm.pid]
-    assert all(container.process_alive(pid) for pid in pids)
+    assert all(processes.process_alive(pid) for pid in pids)
     started = time.monotonic()
     client.delete_node(name=name).result(polling=FAST)
     assert time.monotonic() - started >= 0.5  # SIGTERM was ignored: SIGKILL came after the grace
-    assert not any(container.process_alive(pid) for pid in pids)
+    assert not any(processes.process_alive(pid) for pid in pids)
     assert marked_pids(f"{quick_emulator.id}:") == []
     with pytest.raises(gexc.NotFound):
         client.get_node(name=name)
@@ -229,7 +229,7 @@ def test_preemption_terms_the_vm(quick_emulator: TpuEmulator) -> None:
     quick_emulator.preempt("spot")
     assert client.get_node(name=name).state == tpu_v2.Node.State.PREEMPTED
     assert (vm.directory / "term").read_text().strip() == "got SIGTERM"
-    assert not container.process_alive(vm.pid)
+    assert not processes.process_alive(vm.pid)
     assert quick_emulator.node(name).vms == ()  # type: ignore[union-attr]
 
 
@@ -253,10 +253,10 @@ def test_stop_leaves_no_vm_process(tmp_path: Path) -> None:
         client = tpu_client(emulator)
         name = boot(client, "a", "sleep 600 & wait", accelerator="v4-16")
         pids = [vm.pid for vm in emulator.node(name).vms]  # type: ignore[union-attr]
-        assert len(pids) == 2 and all(container.process_alive(p) for p in pids)
+        assert len(pids) == 2 and all(processes.process_alive(p) for p in pids)
     finally:
         emulator.stop()
-    assert not any(container.process_alive(p) for p in pids)
+    assert not any(processes.process_alive(p) for p in pids)
     assert marked_pids(f"{emulator.id}:") == []
 
 
@@ -292,9 +292,9 @@ def test_a_failed_deletion_leaves_the_vms_running(quick_emulator: TpuEmulator) -
     with pytest.raises(gexc.InternalServerError):
         client.delete_node(name=name).result(polling=FAST)
     assert client.get_node(name=name).state == tpu_v2.Node.State.READY
-    assert container.process_alive(vm.pid) and quick_emulator.node(name).vms[0].pid == vm.pid  # type: ignore[union-attr]
+    assert processes.process_alive(vm.pid) and quick_emulator.node(name).vms[0].pid == vm.pid  # type: ignore[union-attr]
     client.delete_node(name=name).result(polling=FAST)
-    assert not container.process_alive(vm.pid)
+    assert not processes.process_alive(vm.pid)
 
 
 # -- the docker shim on its own ---------------------------------------------------------------------------------
@@ -458,7 +458,7 @@ def test_a_node_can_be_stopped_or_shown_in_a_maintenance_state(quick_emulator: T
     quick_emulator.maintain("maintained", "REPAIRING", seconds=0.5)
     assert client.get_node(name=name).state == tpu_v2.Node.State.REPAIRING
     time.sleep(0.7)
-    assert client.get_node(name=name).state == tpu_v2.Node.State.READY and container.process_alive(vm.pid)
+    assert client.get_node(name=name).state == tpu_v2.Node.State.READY and processes.process_alive(vm.pid)
     quick_emulator.stop_node("maintained")
     assert client.get_node(name=name).state == tpu_v2.Node.State.STOPPING
     deadline = time.monotonic() + 10
@@ -466,7 +466,7 @@ def test_a_node_can_be_stopped_or_shown_in_a_maintenance_state(quick_emulator: T
         assert time.monotonic() < deadline, "never STOPPED"
         time.sleep(0.1)
     deadline = time.monotonic() + 10
-    while container.process_alive(vm.pid):
+    while processes.process_alive(vm.pid):
         assert time.monotonic() < deadline, "the stopped node's VM still runs"
         time.sleep(0.1)
     client.delete_node(name=name).result(polling=FAST)

@@ -16,6 +16,7 @@ import pytest
 
 from runner import contract
 from runner.storage import open_storage
+from runner.worker import processes
 
 SHOW_CONTRACT = (
     "import json, os, pathlib; "
@@ -182,6 +183,40 @@ def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:
     assert proc.wait(30) == 0
     assert marker.read_text() == "1"
     assert exit_record(run_dir)["state"] == "cancelled"
+
+
+def test_a_shell_form_commands_program_gets_the_sigterm_and_is_waited_for(tmp_path: Path) -> None:
+    """`command: python train.py` runs as /bin/sh -c, whose program is the shell's child (dash does not exec it).
+    A stop (here the supervisor's own SIGTERM, as `docker stop` and a Spot VM's shutdown deliver it) reaches the
+    program, not only the shell, and the supervisor waits for the program's save before it records the end."""
+    run_dir = str(tmp_path / "run")
+    marker = tmp_path / "saved"
+    program = (
+        "import pathlib, signal, sys, time\n"
+        "def save(*_):\n"
+        f"    time.sleep(1); pathlib.Path({str(marker)!r}).write_text('1'); print('saved', flush=True); sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(program)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.worker"],
+        env=worker_env(run_dir, ["/bin/sh", "-c", f"cd {tmp_path} && {sys.executable} train.py"]),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 143
+    assert marker.read_text() == "1", "the program never got the SIGTERM, or the supervisor did not wait for it"
+    assert "saved" in exit_record(run_dir)["tail"]
+    events = [json.loads(line) for line in (Path(run_dir) / "events" / "worker-0.jsonl").read_text().splitlines()]
+    job = next(e["pid"] for e in events if e["event"] == "job_started")
+    assert not processes.group_alive(job), "a process of the job outlived it"
 
 
 def test_a_job_that_ignores_sigterm_still_leaves_an_exit_record_before_the_group_is_killed(tmp_path: Path) -> None:

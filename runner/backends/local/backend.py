@@ -30,6 +30,7 @@ from runner.errors import BackendError
 from runner.launch import job
 from runner.plan.planner import Plan
 from runner.watch.runs import runner_home
+from runner.worker import processes
 
 
 @dataclass(frozen=True)
@@ -107,18 +108,18 @@ class LocalBackend(Backend[LocalHandle]):
                 started.append(container.start(each, out))
         except OSError as exc:
             for proc in started:
-                container.stop_group(proc.pid, 5.0)
+                processes.stop_group(proc.pid, 5.0)
                 proc.wait()
             raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc
         for proc in started:
             self.procs[proc.pid] = proc
         first = started[0]
-        others = [[proc.pid, container.start_ticks(proc.pid) or 0] for proc in started[1:]]
+        others = [[proc.pid, processes.start_ticks(proc.pid) or 0] for proc in started[1:]]
         handle = LocalHandle(
             launch.mode,
             first.pid,
             first.pid,
-            container.start_ticks(first.pid),
+            processes.start_ticks(first.pid),
             launch.name,
             str(output),
             others,
@@ -135,7 +136,7 @@ class LocalBackend(Backend[LocalHandle]):
 
     def _alive(self, pid: int, ticks: int | None) -> bool:
         proc = self.procs.get(pid)
-        return proc.poll() is None if proc is not None else container.process_alive(pid, ticks)
+        return proc.poll() is None if proc is not None else processes.process_alive(pid, ticks)
 
     def status(self, handle: LocalHandle) -> MachineState:
         """RUNNING while any worker's process runs (the run directory says how each worker ended)."""
@@ -149,8 +150,8 @@ class LocalBackend(Backend[LocalHandle]):
         if handle.mode != "process":
             container.stop_container(handle.mode, handle.container_name, grace_s)
         for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
-            if container.process_alive(pid, ticks) or container.group_alive(pid):
-                container.stop_group(pid, grace_s)
+            if processes.process_alive(pid, ticks) or processes.group_alive(pid):
+                processes.stop_group(pid, grace_s)
             proc = self.procs.pop(pid, None)
             if proc is not None:
                 proc.wait()  # reap it: a stopped run leaves not even a zombie

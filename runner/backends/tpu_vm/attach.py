@@ -8,7 +8,6 @@ import shlex
 import subprocess
 
 from runner import contract
-from runner.backends import container
 from runner.backends.base import MachineState
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import AttachedHandle
@@ -18,6 +17,7 @@ from runner.errors import BackendError
 from runner.launch import bootstrap
 from runner.plan.planner import Plan
 from runner.watch.runs import runner_home
+from runner.worker import processes
 
 
 def ssh_argv(handle: AttachedHandle, command: str) -> list[str]:
@@ -83,7 +83,7 @@ class Attached:
         state, native = machine_state(node), None if node is None else str(node.state.name)
         if state == MachineState.RUNNING and handle.ssh_pid:
             # The node stays; the job is over when the ssh session that ran it is.
-            return (MachineState.RUNNING if container.process_alive(handle.ssh_pid) else MachineState.GONE), native
+            return (MachineState.RUNNING if processes.process_alive(handle.ssh_pid) else MachineState.GONE), native
         return state, native
 
     @staticmethod
@@ -96,9 +96,9 @@ class Attached:
 
     def teardown(self, handle: AttachedHandle, *, grace_s: float, wait_s: float) -> bool:
         """Stop the job's container; the node is left running (True: nothing of this run's is left to delete)."""
-        if handle.ssh_pid and container.process_alive(handle.ssh_pid):
+        if handle.ssh_pid and processes.process_alive(handle.ssh_pid):
             stop = f"sudo docker stop --time {int(grace_s)} {shlex.quote(contract.JOB_CONTAINER)} || true"
             subprocess.run(ssh_argv(handle, stop), capture_output=True, timeout=grace_s + 60, check=False)
-            container.stop_group(handle.ssh_pid, grace_s=10)
+            processes.stop_group(handle.ssh_pid, grace_s=10)
         self.ctx.say(f"left TPU node {handle.node_id} running: it was attached, not created by this run")
         return True
