@@ -160,6 +160,18 @@ class ApiClock:
         return stamp + (time.monotonic() - at)
 
 
+def clocked(interceptor: type, clock: ApiClock, *methods: str) -> Any:
+    """An instance of a client library's REST interceptor class (its documented hook on every answer) whose
+    `post_<method>_with_metadata` hooks hand the answers' headers to `clock`."""
+
+    def note(self: Any, response: Any, metadata: Any) -> Any:
+        clock.note(metadata)
+        return response, metadata
+
+    hooks = {f"post_{method}_with_metadata": note for method in methods}
+    return type(f"Clocked{interceptor.__name__}", (interceptor,), hooks)()
+
+
 def quoted_after(message: str, marker: str) -> str | None:
     """The 'quoted' word after `marker` in an API's message (Permission 'tpu.nodes.create' ...), or None."""
     start = message.find(marker + "'")

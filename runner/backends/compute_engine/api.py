@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from runner.backends.google_api import ApiClock, ApiFailure, default_retry, failure_of
+from runner.backends.google_api import ApiClock, ApiFailure, clocked, default_retry, failure_of
 from runner.credentials import anonymous, default_credentials
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 from runner.timings import Timings
@@ -46,23 +46,6 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def _clocked(clock: ApiClock) -> Any:
-    """The instances client's REST interceptor (google-cloud-compute's documented hook on every answer), handing
-    the list and get answers' headers to `clock`: the API's own time, for `runner gc`'s ages."""
-    from google.cloud.compute_v1.services.instances.transports.rest import InstancesRestInterceptor
-
-    class Clocked(InstancesRestInterceptor):
-        def post_list_with_metadata(self, response: Any, metadata: Any) -> Any:
-            clock.note(metadata)
-            return response, metadata
-
-        def post_get_with_metadata(self, response: Any, metadata: Any) -> Any:
-            clock.note(metadata)
-            return response, metadata
-
-    return Clocked()
-
-
 def make_client(kind: str, clock: ApiClock | None = None) -> Any:
     """One google-cloud-compute client over REST, on $RUNNER_COMPUTE_ENDPOINT (anonymous) or Google's (ADC)."""
     from google.cloud import compute_v1
@@ -71,12 +54,16 @@ def make_client(kind: str, clock: ApiClock | None = None) -> Any:
     endpoint = os.environ.get(ENDPOINT_ENV)
     options: dict[str, Any] = {"transport": "rest"}
     if kind == "instances" and clock is not None:
-        from google.cloud.compute_v1.services.instances.transports.rest import InstancesRestTransport
+        from google.cloud.compute_v1.services.instances.transports.rest import (
+            InstancesRestInterceptor,
+            InstancesRestTransport,
+        )
 
+        # The list and get answers carry the API's own time, for runner gc's ages.
         transport = InstancesRestTransport(
             host=endpoint or "compute.googleapis.com",
             credentials=anonymous() if endpoint else default_credentials(),
-            interceptor=_clocked(clock),
+            interceptor=clocked(InstancesRestInterceptor, clock, "list", "get"),
         )
         return cls(transport=transport)
     if endpoint:

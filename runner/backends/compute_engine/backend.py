@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.backends import describe
-from runner.backends.base import Backend, MachineState
 from runner.backends.compute_engine.api import ComputeApi
-from runner.backends.compute_engine.common import Context, Kind
+from runner.backends.compute_engine.common import Context
 from runner.backends.compute_engine.groups import Groups
 from runner.backends.compute_engine.handles import ComputeHandle, GroupHandle, InstanceHandle, handle_of
 from runner.backends.compute_engine.instances import PREEMPTED, Instances
 from runner.backends.compute_engine.requests import request_text, target_of
+from runner.backends.flows import ByKind, Kind
 from runner.plan.planner import Plan
 from runner.timings import Timings
 
@@ -33,12 +33,13 @@ STATE_NOTES = {
 }
 
 
-class ComputeEngineBackend(Backend[ComputeHandle]):
+class ComputeEngineBackend(ByKind[ComputeHandle]):
     name = "compute-engine"
     ephemeral = False
     ready_state = "RUNNING"
     stop_command = "gcloud compute instances stop"
     stopped_states = ("PENDING_STOP", "STOPPING", "DEPROVISIONING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED")
+    state_notes = STATE_NOTES
 
     def __init__(
         self,
@@ -120,30 +121,10 @@ class ComputeEngineBackend(Backend[ComputeHandle]):
     def handle_from_dict(self, data: dict[str, Any]) -> ComputeHandle:
         return handle_of(data)
 
-    def status(self, handle: ComputeHandle) -> MachineState:
-        return self.observe(handle)[0]
-
-    def observe(self, handle: ComputeHandle) -> tuple[MachineState, str | None]:
-        return self._kind(handle).observe(handle)
-
-    def state_note(self, native: str) -> str | None:
-        return STATE_NOTES.get(native)
-
     def ready_at(self, handle: ComputeHandle) -> float | None:
         return self.instances.ready_at.get(handle.name) if isinstance(handle, InstanceHandle) else None
-
-    def describe_handle(self, handle: ComputeHandle) -> str:
-        return f"{self._kind(handle).what(handle)} in {handle.zone}"
-
-    def delete_hint(self, handle: ComputeHandle) -> str:
-        return self._kind(handle).delete_hint(handle)
 
     def console_hint(self, handle: ComputeHandle) -> str:
         """Where to read what a VM did at boot: its serial console, where the startup script logs."""
         name = handle.name if isinstance(handle, InstanceHandle) else f"<a VM of group {handle.name}>"
         return f"gcloud compute instances get-serial-port-output {name} --zone={handle.zone} --project={handle.project}"
-
-    def teardown(self, handle: ComputeHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Delete the instance, or the group (its VMs go with it) and then its template and workload policy, and
-        confirm they are gone, whoever deleted them: this call, or the VM itself when the job ended."""
-        return self._kind(handle).teardown(handle, grace_s=grace_s, wait_s=wait_s)

@@ -20,9 +20,9 @@ from runner.backends.compute_engine.common import GOING, Context
 from runner.backends.compute_engine.handles import InstanceHandle
 from runner.backends.compute_engine.requests import instance_request, target_of
 from runner.backends.deletion import Deletion
-from runner.backends.labels import NameTaken
+from runner.backends.flows import create_owned, labels_of
 from runner.backends.zones import first_with_capacity
-from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted
+from runner.errors import BackendError, NoCapacity, Preempted
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -76,24 +76,19 @@ class Instances:
         handle = InstanceHandle(project, zone, name, nonce=plan.nonce)
         on_handle(handle)
         self.ctx.say(f"creating instance {name} ({target.machine_type}, {target.provisioning_model}) in {zone}")
-        operation: str | None = None
-        try:
-            operation = api.insert("instance", instance_request(plan, zone, name), project=project, zone=zone)
-        except AlreadyExists:
-            # Ours when a retried request finds what its first try created; anyone else's is never touched.
-            found = self.get(handle)
-            if found is None or not labels.owned(dict(found.labels), handle.nonce):
-                owner = dict(found.labels).get(labels.RUN, "not a tpu-runner VM") if found is not None else "gone"
-                raise NameTaken(name, owner, kind="instance") from None
-        except BaseException:
-            self.discard(handle)  # the insert may have gone through before the error
-            raise
-        try:
-            self.ready_at[name] = self._wait_ready(handle, operation, plan)
-            return handle
-        except BaseException:
-            self.discard(handle)
-            raise
+        return create_owned(
+            name,
+            "instance",
+            nonce=handle.nonce,
+            send=lambda: api.insert("instance", instance_request(plan, zone, name), project=project, zone=zone),
+            found_labels=lambda: labels_of(self.get(handle)),
+            wait=lambda operation: self._ready(handle, operation, plan),
+            discard=lambda: self.discard(handle),
+        )
+
+    def _ready(self, handle: InstanceHandle, operation: str | None, plan: Plan) -> InstanceHandle:
+        self.ready_at[handle.name] = self._wait_ready(handle, operation, plan)
+        return handle
 
     def _wait_ready(self, handle: InstanceHandle, operation: str | None, plan: Plan) -> float | None:
         """Until the insert operation is DONE and the instance RUNNING, showing each status. A stockout is told only

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runner.backends.google_api import ApiClock, ApiFailure, default_retry, failure_of, quoted_after
+from runner.backends.google_api import ApiClock, ApiFailure, clocked, default_retry, failure_of, quoted_after
 from runner.credentials import anonymous, default_credentials
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 from runner.timings import Timings
@@ -43,32 +43,13 @@ def failure_of_status(status: Any) -> ApiFailure:
     return ApiFailure(code, status.message or code, tuple(details), from_operation=True)
 
 
-def _clocked(clock: ApiClock) -> Any:
-    """google-cloud-tpu's REST interceptor (its documented hook on every answer) that hands the reads' headers to
-    `clock`."""
-    from google.cloud.tpu_v2.services.tpu.transports.rest import TpuRestInterceptor
-
-    class Clocked(TpuRestInterceptor):
-        def post_list_nodes_with_metadata(self, response: Any, metadata: Any) -> Any:
-            clock.note(metadata)
-            return response, metadata
-
-        def post_get_node_with_metadata(self, response: Any, metadata: Any) -> Any:
-            clock.note(metadata)
-            return response, metadata
-
-        def post_list_queued_resources_with_metadata(self, response: Any, metadata: Any) -> Any:
-            clock.note(metadata)
-            return response, metadata
-
-    return Clocked()
-
-
 def make_client(clock: ApiClock | None = None) -> Any:
     from google.cloud import tpu_v2
-    from google.cloud.tpu_v2.services.tpu.transports.rest import TpuRestTransport
+    from google.cloud.tpu_v2.services.tpu.transports.rest import TpuRestInterceptor, TpuRestTransport
 
-    interceptor = _clocked(clock) if clock is not None else None
+    # The reads' answers carry the API's clock (runner gc's ages).
+    reads = ("list_nodes", "get_node", "list_queued_resources")
+    interceptor = clocked(TpuRestInterceptor, clock, *reads) if clock is not None else None
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
         transport = TpuRestTransport(host=endpoint, credentials=anonymous(), interceptor=interceptor)

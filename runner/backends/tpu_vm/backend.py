@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.backends import describe
-from runner.backends.base import Backend, MachineState
+from runner.backends.flows import ByKind, Kind
 from runner.backends.tpu_vm.api import TpuApi
 from runner.backends.tpu_vm.attach import Attached
-from runner.backends.tpu_vm.common import Context, Kind
+from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import AttachedHandle, NodeHandle, QueuedHandle, TpuHandle, handle_of
 from runner.backends.tpu_vm.nodes import Nodes
 from runner.backends.tpu_vm.queued import QueuedResources
@@ -38,12 +38,13 @@ STATE_NOTES = {
 }
 
 
-class TpuVmBackend(Backend[TpuHandle]):
+class TpuVmBackend(ByKind[TpuHandle]):
     name = "tpu-vm"
     ephemeral = False
     ready_state = "READY"
     stop_command = "gcloud compute tpus tpu-vm stop"
     stopped_states = ("STOPPED", "STOPPING")
+    state_notes = STATE_NOTES
 
     def __init__(
         self,
@@ -146,23 +147,8 @@ class TpuVmBackend(Backend[TpuHandle]):
     def handle_from_dict(self, data: dict[str, Any]) -> TpuHandle:
         return handle_of(data)
 
-    def status(self, handle: TpuHandle) -> MachineState:
-        return self.observe(handle)[0]
-
-    def observe(self, handle: TpuHandle) -> tuple[MachineState, str | None]:
-        return self._kind(handle).observe(handle)
-
-    def state_note(self, native: str) -> str | None:
-        return STATE_NOTES.get(native)
-
     def ready_at(self, handle: TpuHandle) -> float | None:
         return self.nodes.ready_at.get(handle.node_id) if isinstance(handle, NodeHandle) else None
-
-    def describe_handle(self, handle: TpuHandle) -> str:
-        return f"{self._kind(handle).what(handle)} in {handle.zone}"
-
-    def delete_hint(self, handle: TpuHandle) -> str:
-        return self._kind(handle).delete_hint(handle)
 
     def console_hint(self, handle: TpuHandle) -> str:
         """Where to read what a VM did at boot: its startup-script's journal (google-startup-scripts.service)."""
@@ -170,9 +156,3 @@ class TpuVmBackend(Backend[TpuHandle]):
             f"gcloud compute tpus tpu-vm ssh {handle.node_id} --zone={handle.zone} --project={handle.project} "
             "--worker=all --command='sudo journalctl -u google-startup-scripts.service --no-pager | tail -50'"
         )
-
-    def teardown(self, handle: TpuHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Delete the node (a queued resource's as a whole: the queued resource, with force) and confirm it is gone,
-        whoever deleted it: this call, or its VM when the job ended; an attached node's job is stopped and the node
-        left running. A second Ctrl-C while waiting for the confirmation stops the wait (the request stands)."""
-        return self._kind(handle).teardown(handle, grace_s=grace_s, wait_s=wait_s)

@@ -14,13 +14,13 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
-from runner.backends.labels import NameTaken
+from runner.backends.flows import create_owned, labels_of
 from runner.backends.tpu_vm.api import explain
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import NodeHandle
 from runner.backends.tpu_vm.requests import node_request, target_of
 from runner.backends.zones import first_with_capacity
-from runner.errors import AlreadyExists, BackendError, Preempted
+from runner.errors import BackendError, Preempted
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -81,26 +81,19 @@ class Nodes:
         handle = NodeHandle(project, zone, node_id, nonce=plan.nonce)
         on_handle(handle)
         self.ctx.say(f"creating TPU node {node_id} ({target.accelerator.name}) in {zone}")
-        operation: str | None = None
-        try:
-            operation = api.create_node(project, zone, node_id, node_request(plan, zone, node_id))
-        except AlreadyExists:
-            # Ours when a retried request finds what its first try created; anyone else's is never touched.
-            node = api.get_node(project, zone, node_id)
-            if node is None or not labels.owned(dict(node.labels), handle.nonce):
-                owner = dict(node.labels).get(labels.RUN, "not a tpu-runner node") if node is not None else "gone"
-                raise NameTaken(node_id, owner) from None
-        except BaseException:
-            # The request may have gone through before the error (a dropped answer, Ctrl-C): whatever of ours
-            # exists is deleted; a node that is not ours is left alone.
-            self.discard(handle)
-            raise
-        try:
-            self.ready_at[node_id] = self._wait_ready(handle, operation, deadline=plan.deadline)
-            return handle
-        except BaseException:
-            self.discard(handle)
-            raise
+        return create_owned(
+            node_id,
+            "TPU node",
+            nonce=handle.nonce,
+            send=lambda: api.create_node(project, zone, node_id, node_request(plan, zone, node_id)),
+            found_labels=lambda: labels_of(api.get_node(project, zone, node_id)),
+            wait=lambda operation: self._ready(handle, operation, plan.deadline),
+            discard=lambda: self.discard(handle),
+        )
+
+    def _ready(self, handle: NodeHandle, operation: str | None, deadline: float) -> NodeHandle:
+        self.ready_at[handle.node_id] = self._wait_ready(handle, operation, deadline=deadline)
+        return handle
 
     def _wait_ready(self, handle: NodeHandle, operation: str | None, *, deadline: float) -> float | None:
         """Until the create operation is done and the node READY, showing each state; polls every second at first,
@@ -186,7 +179,7 @@ class Nodes:
             check=f"gcloud compute tpus tpu-vm describe {handle.node_id} --zone={handle.zone}",
             read_state=state,
             request=lambda: api.delete_node(handle.project, handle.zone, handle.node_id),
-            outcome=lambda op: self.ctx.operation(op, self.what(handle), **where),
+            outcome=lambda op: self.ctx.outcome(op, self.what(handle), **where),
         )
 
     def teardown(self, handle: NodeHandle, *, grace_s: float, wait_s: float) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
+from runner.backends.flows import create_owned
 from runner.backends.labels import NameTaken
 from runner.backends.tpu_vm.api import explain, failure_of_status
 from runner.backends.tpu_vm.common import Context
@@ -140,26 +141,25 @@ class QueuedResources:
         self.say(
             f"queueing {what} in {zone}: queued resource {node_id} (waits up to {target.max_wait_s}s for capacity)"
         )
-        operation: str | None = None
-        try:
-            operation = self.api.create_queued_resource(
+        return create_owned(
+            node_id,
+            "queued resource",
+            nonce=handle.nonce,
+            send=lambda: self.api.create_queued_resource(
                 target.project, zone, node_id, queued_request(plan, zone, node_id)
-            )
-        except AlreadyExists:
-            # Ours when a retried request finds what its first try created; anyone else's is never touched.
-            qr = self.api.get_queued_resource(handle.name, project=target.project, zone=zone)
-            if qr is None or not labels.owned(labels_of(qr), handle.nonce):
-                owner = labels_of(qr).get(labels.RUN, "not a tpu-runner request") if qr is not None else "gone"
-                raise NameTaken(node_id, owner, kind="queued resource") from None
-        except BaseException:
-            self.discard(handle)
-            raise
-        try:
-            self._wait_active(handle, operation, plan)
-            return handle
-        except BaseException:
-            self.discard(handle)
-            raise
+            ),
+            found_labels=lambda: self._labels(handle),
+            wait=lambda operation: self._active(handle, operation, plan),
+            discard=lambda: self.discard(handle),
+        )
+
+    def _labels(self, handle: QueuedHandle) -> dict[str, str] | None:
+        qr = self.api.get_queued_resource(handle.name, project=handle.project, zone=handle.zone)
+        return None if qr is None else labels_of(qr)
+
+    def _active(self, handle: QueuedHandle, operation: str | None, plan: Plan) -> QueuedHandle:
+        self._wait_active(handle, operation, plan)
+        return handle
 
     def _wait_active(self, handle: QueuedHandle, operation: str | None, plan: Plan) -> None:
         """Until ACTIVE, one line per state with the seconds since the request, and one a minute while waiting.
@@ -246,7 +246,7 @@ class QueuedResources:
             check=f"gcloud compute tpus queued-resources describe {handle.queued_resource} --zone={handle.zone}",
             read_state=lambda: state_of(self.api.get_queued_resource(handle.name, **where)),
             request=lambda: self.api.delete_queued_resource(handle.name, **where),  # force: its nodes too
-            outcome=lambda op: self.ctx.operation(op, self.what(handle), **where),
+            outcome=lambda op: self.ctx.outcome(op, self.what(handle), **where),
         )
 
     def teardown(self, handle: QueuedHandle, *, grace_s: float, wait_s: float) -> bool:
