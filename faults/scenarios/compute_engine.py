@@ -16,14 +16,16 @@ SLICE = "tpu7x-16"  # 2x2x2: a group of two tpu7x-standard-4t VMs
 V6E, V6E_ZONES = "v6e-4", ("us-central1-b", "us-east1-d")  # one ct6e-standard-4t instance
 
 CASES = (
-    # Epochs of 1536 steps, as preemption-x2 uses: long enough for the bucket's progress.json to show one mid-way.
-    # Keras 3 on JAX: TPU7x runs no TensorFlow (the plan refuses it).
+    # Epochs of 15000 steps (all of MNIST at batch 4): long enough for the bucket's progress.json, up to a sync
+    # interval (5 s) behind, to show one mid-way. Keras 3 on JAX (TPU7x runs no TensorFlow: the plan refuses it)
+    # trains the MLP in about a millisecond a step on an idle 2-core machine: epochs of 1536 steps ended between two
+    # syncs, and the case found no epoch to preempt in the middle of.
     Scenario(
         "ce-preempt-mid-epoch",
         "Compute Engine: Spot VM preempted mid-epoch (tpu7x-2)",
         "succeeded",
         0,
-        job=Train(epochs=3, examples=24576, batch_size=16, framework="jax"),
+        job=Train(epochs=3, examples=60000, batch_size=4, framework="jax"),
         spot=True,
         accelerator=ONE_CHIP,
         zones=(ZONE,),
