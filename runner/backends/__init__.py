@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from runner.plan import compat
     from runner.plan.catalog import AcceleratorType
     from runner.plan.planner import Plan
-    from runner.plan.target import Problems, Target
+    from runner.plan.target import Resolve, Target
     from runner.spec import JobSpec
     from runner.watch.rundir import Snapshot
     from runner.watch.runs import RunRecord
@@ -68,16 +68,8 @@ class Package(Protocol):
 
 
 class CloudPackage(Package, Protocol):
-    def resolve(
-        self,
-        spec: JobSpec,
-        run_id: str,
-        *,
-        project: str | None,
-        zone: str | None,
-        environ: dict[str, str] | None,
-        problems: Problems | None,
-    ) -> Target: ...
+    @property
+    def resolve(self) -> Resolve: ...
 
     def findings(self, spec: JobSpec) -> tuple[AcceleratorType | None, list[compat.Finding]]: ...
 

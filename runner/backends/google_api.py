@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runner.errors import BackendError
+
 DEBUG_ENV = "RUNNER_DEBUG"
 
 _TYPE = "type.googleapis.com/google.rpc."
@@ -170,6 +172,22 @@ def clocked(interceptor: type, clock: ApiClock, *methods: str) -> Any:
 
     hooks = {f"post_{method}_with_metadata": note for method in methods}
     return type(f"Clocked{interceptor.__name__}", (interceptor,), hooks)()
+
+
+def plain_failure(failure: ApiFailure, action: str, *, project: str, zone: str) -> BackendError:
+    """What each API's `explain` says last, alike for every Google API: a missing resource, missing credentials, and
+    anything else with its code."""
+    said, code = failure.said(), failure.code
+    if code == "NOT_FOUND":
+        return BackendError(
+            f"not found while trying to {action}: {said}",
+            hint=f"check that project {project} exists and zone {zone} is right",
+        )
+    if code == "UNAUTHENTICATED":
+        return BackendError(
+            f"not authenticated to {action}: {said}", hint="run `gcloud auth application-default login`"
+        )
+    return BackendError(f"could not {action}: {said} ({code})")
 
 
 def quoted_after(message: str, marker: str) -> str | None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from runner.backends.google_api import ApiClock, ApiFailure, clocked, default_retry, failure_of
+from runner.backends.google_api import ApiClock, ApiFailure, clocked, default_retry, failure_of, plain_failure
 from runner.credentials import anonymous, default_credentials
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 from runner.timings import Timings
@@ -108,19 +108,10 @@ def explain(failure: ApiFailure, action: str, *, project: str, zone: str, reason
             f"Compute Engine stayed unavailable ({code}) while trying to {action}, through every retry: {said}",
             hint="try again in a few minutes (status.cloud.google.com shows Compute Engine incidents)",
         )
-    if code == "NOT_FOUND":
-        return BackendError(
-            f"not found while trying to {action}: {said}",
-            hint=f"check that project {project} exists and zone {zone} is right",
-        )
     if code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "CONDITION_NOT_MET"):
         fields = "; ".join(failure.field_violations)
         return BackendError(f"Compute Engine refused to {action}: {said}" + (f" ({fields})" if fields else ""))
-    if code == "UNAUTHENTICATED":
-        return BackendError(
-            f"not authenticated to {action}: {said}", hint="run `gcloud auth application-default login`"
-        )
-    return BackendError(f"could not {action}: {said} ({code})")
+    return plain_failure(failure, action, project=project, zone=zone)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runner.backends.google_api import ApiClock, ApiFailure, clocked, default_retry, failure_of, quoted_after
+from runner.backends.google_api import (
+    ApiClock,
+    ApiFailure,
+    clocked,
+    default_retry,
+    failure_of,
+    plain_failure,
+    quoted_after,
+)
 from runner.credentials import anonymous, default_credentials
 from runner.errors import AlreadyExists, BackendError, NoCapacity, QuotaExceeded
 from runner.timings import Timings
@@ -99,16 +107,7 @@ def explain(failure: ApiFailure, action: str, *, project: str, zone: str) -> Bac
     if code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"):
         fields = "; ".join(failure.field_violations)
         return BackendError(f"the TPU API refused to {action}: {said}" + (f" ({fields})" if fields else ""))
-    if code == "NOT_FOUND":
-        return BackendError(
-            f"not found while trying to {action}: {said}",
-            hint=f"check that project {project} exists and zone {zone} is right",
-        )
-    if code == "UNAUTHENTICATED":
-        return BackendError(
-            f"not authenticated to {action}: {said}", hint="run `gcloud auth application-default login`"
-        )
-    return BackendError(f"could not {action}: {said} ({code})")
+    return plain_failure(failure, action, project=project, zone=zone)
 
 
 @dataclass(frozen=True)
