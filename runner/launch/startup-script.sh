@@ -234,9 +234,12 @@ docker run --rm --name "$CONTAINER" --privileged --net=host --env-file "${WORKDI
 child=$!
 
 # The job stops itself at its deadline; if it cannot (hung, its supervisor gone), this backstop stops it 5 minutes
-# later, and the node is deleted below.
+# later, and the node is deleted below. It runs as a process group of its own (set -m while it starts), so that it
+# is stopped whole, its `sleep` too, whenever that started: killing the subshell alone could leave the sleep running
+# with the script's output open (seen on a loaded machine).
 delay=$((DEADLINE - $(date +%s) + 300))
 [ "$delay" -lt 0 ] && delay=0
+set -m
 (
   sleep "$delay" &&
     touch "${WORKDIR}/watchdog-fired" &&
@@ -244,6 +247,7 @@ delay=$((DEADLINE - $(date +%s) + 300))
     docker stop --time 25 "$CONTAINER" >/dev/null 2>&1
 ) &
 watchdog=$!
+set +m
 
 # A shutdown (preemption, maintenance) sends SIGTERM: stop the container so that the job records its state, and
 # leave the node alone: it is not the job's end, and the runner decides (recreate after a preemption, or delete).
@@ -255,8 +259,7 @@ while kill -0 "$child" 2>/dev/null; do
   rc=0
   wait "$child" || rc=$?
 done
-pkill -P "$watchdog" 2>/dev/null
-kill "$watchdog" 2>/dev/null
+kill -- -"$watchdog" 2>/dev/null
 [ -e "${WORKDIR}/watchdog-fired" ] && rc="$SAFETY_STOP"
 event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
 found=0
