@@ -80,7 +80,12 @@ def _show_event(event: Event, say: Callable[[str], None]) -> None:
 
 
 class _Retry(Exception):
-    """Replace the machine and run again (a preemption, a silent boot, a failure with retries left)."""
+    """Replace the machine and run again (a preemption, a silent boot, a failure with retries left); `resumes`: the
+    job ran, and the next attempt goes on from what it saved."""
+
+    def __init__(self, resumes: bool = True) -> None:
+        super().__init__()
+        self.resumes = resumes
 
 
 class Run:
@@ -298,7 +303,7 @@ class Run:
             if retry:
                 self.silent_boots += 1
                 self.say("deleting it and creating it once more")
-                raise _Retry
+                raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
         if self._preempted(verdict, snapshot, handle):
@@ -316,7 +321,7 @@ class Run:
             what = "the machine was preempted: recreating it"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
-            self.say(f"{what} ({self.preemptions}/{retries.preemptions}); {resume_note(self.storage)}")
+            self.say(f"{what} ({self.preemptions}/{retries.preemptions})")
             if slices > 1:
                 self._let_the_chief_save()
             raise _Retry
@@ -531,8 +536,12 @@ class Run:
                     verdict, self.snapshot = self.watch(handle)
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
-                    except _Retry:
+                    except _Retry as retry:
                         self.replace(handle)
+                        if retry.resumes:
+                            # Read once the old machine is gone: a preempted job saves in its notice's grace period,
+                            # and its supervisor uploads that checkpoint as it ends.
+                            self.say(resume_note(self.storage))
                         continue
                     break
         except Interrupted as exc:

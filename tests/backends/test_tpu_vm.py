@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from faults import measure
 from runner.cli import app
 from runner.plan import catalog
 from runner.storage import open_storage
+from runner.watch import rundir
 from tests.cloudjobs import IMAGE, events, job, preempt_when, run_id_of, submit
 
 
@@ -220,8 +222,6 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
                     cloud.preempt(node.node_id)
             time.sleep(0.3)
 
-    import threading
-
     thread = threading.Thread(target=preempt_twice, daemon=True)
     thread.start()
     result = submit(str(spec))
@@ -287,12 +287,18 @@ def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_d
     spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
     cloud.vm_grace_s = 10.0  # a preempted VM's time between SIGTERM and SIGKILL, as the fault suite gives
 
-    def in_second_epoch(_node, store) -> bool:  # type: ignore[no-untyped-def]
+    def training_with_an_epoch_to_go(_node, store) -> bool:  # type: ignore[no-untyped-def]
+        # The bucket's progress.json trails the trainer by up to a sync interval (5 s), and an epoch on JAX takes
+        # about as long, so the preemption goes in as soon as the bucket shows a step trained with a whole epoch
+        # still to go: later than that, the trainer may have finished before the preemption lands.
         raw = store.read_bytes("progress.json")
-        progress = json.loads(raw) if raw else None
-        return bool(progress and progress["epoch"] >= 2 and progress["step"] < progress["steps_per_epoch"] - 200)
+        p = rundir.Progress.from_json(json.loads(raw)) if raw else rundir.Progress()
+        return bool(
+            p.phase == "train" and p.global_step and p.epochs and p.steps_per_epoch
+            and p.global_step <= (p.epochs - 1) * p.steps_per_epoch
+        )
 
-    thread, preempted = preempt_when(cloud, in_second_epoch, timeout_s=300, poll_s=0.2)
+    thread, preempted = preempt_when(cloud, training_with_an_epoch_to_go, timeout_s=300, poll_s=0.2)
     result = submit(str(spec))
     thread.join(5)
     assert preempted, f"the node was never preempted:\n{result.output[-3000:]}"
@@ -310,23 +316,41 @@ def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_d
 
 
 @pytest.mark.slow
-def test_a_preemption_past_the_retry_limit_ends_the_run_failed(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
-    """retries.preemptions: 0, and the node preempted while its job runs: the runner gives up, and the run is
-    failed (the workers' `cancelled` records, written as the VM shut down, do not make it a user's cancel)."""
+def test_a_job_without_checkpoints_starts_over_and_a_preemption_past_the_retry_limit_fails_the_run(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    """retries.preemptions: 1, and a job that saves nothing: the first preemption recreates the node and says the
+    job starts over (read once the old node is gone, so a save in the notice's grace would count); the second is
+    past the limit: the runner gives up, and the run is failed (the workers' `cancelled` records, written as the VM
+    shut down, do not make it a user's cancel)."""
     spec = job(
         tmp_path,
         bucket_url,
-        "command: [python, -c, 'import time; time.sleep(120)']\nretries: {preemptions: 0}\n",
+        "command: [python, -c, 'import time; time.sleep(120)']\nretries: {preemptions: 1}\n",
         name="spot-out",
     )
     spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
-    thread, preempted = preempt_when(
-        cloud, lambda _node, store: bool(store.read_bytes("heartbeat")), timeout_s=60, poll_s=0.3
-    )
+    preempted: list[object] = []
+
+    def preempt_each_attempt() -> None:
+        # A recreated node's worker heartbeat is its own: the runner clears the old ones before it creates the node.
+        for _ in range(2):
+            thread, done = preempt_when(
+                cloud, lambda _node, store: bool(store.read_bytes("heartbeats/worker-0.json")), timeout_s=90
+            )
+            thread.join()
+            preempted.extend(done)
+
+    thread = threading.Thread(target=preempt_each_attempt, daemon=True)
+    thread.start()
     result = submit(str(spec))
     thread.join(5)
-    assert preempted, "the node was never preempted"
+    assert len(preempted) == 2, result.output
     assert result.exit_code == 6, result.output
+    assert (
+        "the machine was preempted: recreating it (1/1)" in result.output
+        and "the job starts over: it wrote no checkpoints to RUNNER_CHECKPOINT_DIR" in result.output
+    ), result.output
     assert "(retries.preemptions): giving up" in result.output
     run_id = run_id_of(result.output)
     status = CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False)
