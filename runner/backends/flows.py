@@ -119,6 +119,8 @@ class ByKind(Backend[Z]):
         return self._kind(handle).delete_hint(handle)
 
     def teardown(self, handle: Z, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
+        """Delete what the handle names, from the handle alone (what each backend deletes: its class says), and
+        whether it is confirmed gone within wait_s."""
         return self._kind(handle).teardown(handle, grace_s=grace_s, wait_s=wait_s)
 
 

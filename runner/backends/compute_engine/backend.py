@@ -34,6 +34,10 @@ STATE_NOTES = {
 
 
 class ComputeEngineBackend(ByKind[ComputeHandle]):
+    """TPU7x through Compute Engine: one instance for a single host, a managed instance group for a multi-host slice.
+    Teardown deletes the instance, or the group (its VMs go with it) and then its template and workload policy, and
+    confirms they are gone, whoever deleted them: this call, or the VM itself when the job ended."""
+
     name = "compute-engine"
     ephemeral = False
     ready_state = "RUNNING"

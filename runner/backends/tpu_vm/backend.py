@@ -39,6 +39,11 @@ STATE_NOTES = {
 
 
 class TpuVmBackend(ByKind[TpuHandle]):
+    """Cloud TPU VMs through the Cloud TPU API: a node, or a queued resource's node, created for the run or attached.
+    Teardown deletes the node (a queued resource as a whole: the queued resource, with force) and confirms it is
+    gone, whoever deleted it: this call, or its VM when the job ended; an attached node's job is stopped and the node
+    left running. A second Ctrl-C while waiting for the confirmation stops the wait (the request stands)."""
+
     name = "tpu-vm"
     ephemeral = False
     ready_state = "READY"
