@@ -303,7 +303,9 @@ def test_down_exits_non_zero_while_the_node_is_not_confirmed_gone(  # type: igno
     assert listed["still_billing"] is None
 
 
-def test_gc_sweeps_every_zone_it_can_and_reports_the_one_it_cannot(api: TpuApi, tpu_emulator) -> None:  # type: ignore[no-untyped-def]
+def test_gc_sweeps_every_zone_it_can_and_reports_the_one_it_cannot(api: TpuApi, tpu_emulator, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A 500 that never clears is retried for the whole deadline (120 s by default) before the zone is skipped.
+    monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS + ",api_retry_deadline_s=3")
     old = {"managed-by": "tpu-runner", "tpu-runner-deadline": str(int(time.time()) - 60)}
     zones = ["us-central1-b", "us-central1-c", "europe-west4-a"]
     for i, zone in enumerate(zones):
