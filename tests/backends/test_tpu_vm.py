@@ -294,7 +294,10 @@ def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_d
         raw = store.read_bytes("progress.json")
         p = rundir.Progress.from_json(json.loads(raw)) if raw else rundir.Progress()
         return bool(
-            p.phase == "train" and p.global_step and p.epochs and p.steps_per_epoch
+            p.phase == "train"
+            and p.global_step
+            and p.epochs
+            and p.steps_per_epoch
             and p.global_step <= (p.epochs - 1) * p.steps_per_epoch
         )
 

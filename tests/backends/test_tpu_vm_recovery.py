@@ -199,8 +199,17 @@ def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_l
         run_dir = open_storage(cloud.node(node).metadata["tpu-runner-run-dir"])
         wait_for(lambda: run_dir.read_bytes("heartbeat"), what="the job's heartbeat", timeout=60)
         for state in ("REPAIRING", "HIDDEN", "UNKNOWN"):
-            cloud.maintain(node, state, seconds=2.0)
-            time.sleep(2.5)
+            # Each state lasts 4 s, and the next waits for the runner to have read the node during it (it does
+            # every second, but a loaded machine can stall its follower past a shorter window), then for READY.
+            since = time.time()
+            name = cloud.maintain(node, state, seconds=4.0)
+            wait_for(
+                lambda name=name, since=since: any(
+                    r.method == "GET" and r.path.endswith(name) and r.time > since for r in cloud.requests
+                ),
+                what=f"the runner's read of the node while {state}",
+            )
+            wait_for(lambda: cloud.node(node).state == "READY", what="READY again")
         cloud.stop_node(node)
 
     thread = threading.Thread(target=meddle, daemon=True)
