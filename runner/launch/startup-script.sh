@@ -55,15 +55,16 @@ urlencode() {
   printf '%s' "$out"
 }
 
-# A JSON string literal for a message of ours (quotes, backslashes and control characters escaped).
+# json_str VAR STRING: into VAR, STRING as a JSON string literal (quotes, backslashes and control characters
+# escaped); set in this shell, like `now`.
 json_str() {
-  local s="$1"
+  local s="$2"
   s="${s//\\/\\\\}"
   s="${s//\"/\\\"}"
   s="${s//$'\n'/ }"
   s="${s//$'\r'/ }"
   s="${s//$'\t'/ }"
-  printf '"%s"' "$s"
+  printf -v "$1" '"%s"' "$s"
 }
 
 metadata() { curl -sf --retry 5 --retry-connrefused -H 'Metadata-Flavor: Google' "${METADATA_URL}/$1"; }
@@ -99,17 +100,21 @@ exists() {
   esac
 }
 
-# Never empty (an event line without its time is not JSON): whole seconds, else bash's own clock, if date fails.
+# now VAR: the VM's time into VAR, never empty (an event line without its time is not JSON): whole seconds, else
+# bash's own clock, if date fails. Set in this shell, not printed into a $(...): a VM shutting down sends SIGTERM to
+# every process on it, and a subshell dies of it where the script (it traps TERM) goes on with an empty time.
 now() {
   local t
   t=$(date +%s.%N 2>/dev/null | cut -c1-14)
   [ -n "$t" ] || t=$(date +%s 2>/dev/null)
-  printf '%s' "${t:-${EPOCHREALTIME%%.*}}"
+  printf -v "$1" '%s' "${t:-${EPOCHREALTIME%%.*}}"
 }
 
 # event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
 event() {
-  printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$(now)" "$WORKER" "$1" "${2:+, $2}" \
+  local at
+  now at
+  printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$at" "$WORKER" "$1" "${2:+, $2}" \
     >>"${WORKDIR}/events.jsonl"
   put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
 }
@@ -117,8 +122,11 @@ event() {
 # write_exit STATE CODE MESSAGE: the exit record, when the container could not write its own. ifGenerationMatch=0:
 # Cloud Storage refuses it if a record is there after all, so the job's own is never replaced.
 write_exit() {
+  local at error
+  now at
+  json_str error "$3"
   printf '{"worker": %s, "state": "%s", "exit_code": %s, "started_at": %s, "finished_at": %s, "error": %s, "tail": []}\n' \
-    "$WORKER" "$1" "$2" "$STARTED" "$(now)" "$(json_str "$3")" >"${WORKDIR}/exit.json"
+    "$WORKER" "$1" "$2" "$STARTED" "$at" "$error" >"${WORKDIR}/exit.json"
   put "exit/worker-${WORKER}.json" "${WORKDIR}/exit.json" ifGenerationMatch=0 ||
     log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
 }
@@ -164,7 +172,7 @@ finish() {
 }
 
 mkdir -p "$WORKDIR"
-STARTED="$(now)"
+now STARTED
 HOST="$(metadata instance/attributes/agent-worker-number || echo 0)"  # this host's number within its slice
 WORKER="$HOST"
 # tpu_env KEY: a value of the VM's tpu-env metadata (KEY: 'value' lines), as JAX's cloud_tpu_cluster reads it.
@@ -184,7 +192,9 @@ if [ "$SLICES" -gt 1 ]; then
 fi
 # A recreated node (after a preemption) starts with an empty disk: carry on the events of the earlier boots.
 get "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || rm -f "${WORKDIR}/events.jsonl"
-event bootstrap_started "\"worker\": ${WORKER}, \"host\": $(json_str "$(hostname)")"
+declare host_json
+json_str host_json "$(hostname)"
+event bootstrap_started "\"worker\": ${WORKER}, \"host\": ${host_json}"
 
 if [ "$JOB_WORKERS" != all ] && [ "$WORKER" != "$JOB_WORKERS" ]; then
   log "worker ${WORKER} serves the TPU runtime; the job runs on worker ${JOB_WORKERS}"
@@ -222,7 +232,9 @@ for attempt in 1 2 3; do
   sleep $((attempt * 2))
 done
 if [ -z "$pulled" ]; then
-  event image_pull_failed "\"image\": $(json_str "$IMAGE")"
+  declare image_json
+  json_str image_json "$IMAGE"
+  event image_pull_failed "\"image\": ${image_json}"
   write_exit failed 125 "docker pull ${IMAGE} failed: does the image exist, and may the VM's service account read it?"
   finish 125
 fi

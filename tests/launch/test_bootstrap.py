@@ -223,3 +223,28 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
     assert "-X DELETE" not in (log / "curl.log").read_text()
     events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
     assert '"shutdown": true' in events
+
+
+def test_events_keep_their_time_when_the_shutdown_signal_reaches_every_process_on_the_vm(tmp_path: Path) -> None:
+    """A VM shutting down (a delete, a preemption) sends SIGTERM to all its processes at once: the script traps it
+    and goes on, but the subshells it has running die. The signal arriving while the time of `container_exited` is
+    being read (a `date` that signals its process group, once) must not leave that event without its time."""
+    script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
+    docker = FAKE_DOCKER.replace("exit 0\n", '[ "$1" = run ] && touch "$FAKE_LOG/shut-down-now"\nexit 0\n')
+    env, log = harness(tmp_path, docker)
+    date = tmp_path / "bin" / "date"
+    date.write_text(
+        "#!/bin/bash\n"
+        'if [ -e "$FAKE_LOG/shut-down-now" ]; then rm -f "$FAKE_LOG/shut-down-now"; kill -TERM 0; fi\n'
+        f'exec {shutil.which("date")} "$@"\n'
+    )
+    date.chmod(0o755)
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    proc.wait(60)
+    assert not (log / "shut-down-now").exists(), "the script read no time after the container exited"
+    lines = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
+    events = [json.loads(line) for line in lines.splitlines()]  # every line JSON: no `"time": ,`
+    assert all(isinstance(e["time"], int | float) for e in events), events
+    assert events[-1]["event"] == "container_exited"
