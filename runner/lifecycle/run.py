@@ -39,7 +39,7 @@ from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog, stopped_reason
+from runner.lifecycle.watchdog import Verdict, Watchdog, stopped_under, taken_back
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.timings import Timings
@@ -306,7 +306,7 @@ class Run:
                 raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
-        if self._preempted(verdict, snapshot, handle):
+        if taken_back(self.backend, handle, verdict, snapshot, self.plan.num_workers):
             if self.preemptions >= retries.preemptions:
                 self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
                 self.reason = f"preempted again, after {self.preemptions} recreation(s) (retries.preemptions)"
@@ -325,7 +325,7 @@ class Run:
             if slices > 1:
                 self._let_the_chief_save()
             raise _Retry
-        if (stopped := self._stopped(verdict, snapshot, handle)) is not None:
+        if (stopped := stopped_under(self.backend, handle, verdict, snapshot, self.plan.num_workers)) is not None:
             self.reason = stopped
             self.say(f"{stopped}: ending the run")
             self.events.emit("machine_stopped", reason=stopped)
@@ -385,35 +385,6 @@ class Run:
             sight=self.sight,
             judge_blind=True,  # the runner's deadlines and the API's word on the machine do not wait for storage
         )
-
-    def _preempted(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> bool:
-        """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
-        if self.backend.ephemeral:
-            return False
-        try:
-            machine = self.backend.status(handle)
-        except RunnerError:
-            return verdict == Verdict.MACHINE_GONE
-        finished = len(snapshot.exits) >= self.plan.num_workers and all(
-            e.state != RunState.CANCELLED for e in snapshot.exits
-        )
-        return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
-
-    def _stopped(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> str | None:
-        """Why the run is lost when its machine was stopped under it (STOPPED: by someone, or maintenance) before
-        every worker succeeded; the workers' `cancelled` there is the stop's doing, not the job's end."""
-        done = len(snapshot.exits) >= self.plan.num_workers and all(
-            e.state == RunState.SUCCEEDED for e in snapshot.exits
-        )
-        if self.backend.ephemeral or done or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED):
-            return None
-        try:
-            native = self.backend.observe(handle)[1]
-        except RunnerError:
-            return None
-        if native is None or native not in self.backend.stopped_states:
-            return None
-        return stopped_reason(self.backend.describe_handle(handle), native, self.backend.stop_command)
 
     def replace(self, handle: Handle) -> None:
         """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The

@@ -12,6 +12,8 @@ Durations judged from what the run directory shows (a silent boot, a heartbeat t
 on the runner's own clock, one clock, never against a time a VM wrote; and on a clock that stands still while the
 run directory cannot be read (runner.watch.follow.Sight): losing sight of storage is no evidence about the run.
 The machine's state as the API says it is shown as it changes (REPAIRING, HIDDEN, UNKNOWN ...).
+When following ends, what the machine's end means: taken back (a preemption, recreated) or stopped under the
+run (lost).
 """
 
 from __future__ import annotations
@@ -59,6 +61,35 @@ def stopped_reason(what: str, native: str, stop_command: str | None) -> str:
         f"{what} was {native} before its job ended (someone stopped it: {who}); a stopped machine runs no job, so "
         "the run is lost"
     )
+
+
+def taken_back(backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int) -> bool:
+    """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
+    if backend.ephemeral:
+        return False
+    try:
+        machine = backend.status(handle)
+    except RunnerError:
+        return verdict == Verdict.MACHINE_GONE
+    finished = len(snapshot.exits) >= num_workers and all(e.state != RunState.CANCELLED for e in snapshot.exits)
+    return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
+
+
+def stopped_under(
+    backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int
+) -> str | None:
+    """Why the run is lost when its machine was stopped under it (STOPPED: by someone, or maintenance) before
+    every worker succeeded; the workers' `cancelled` there is the stop's doing, not the job's end."""
+    done = len(snapshot.exits) >= num_workers and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
+    if backend.ephemeral or done or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED):
+        return None
+    try:
+        native = backend.observe(handle)[1]
+    except RunnerError:
+        return None
+    if native is None or native not in backend.stopped_states:
+        return None
+    return stopped_reason(backend.describe_handle(handle), native, backend.stop_command)
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
