@@ -50,21 +50,22 @@ def events(run_dir: str) -> list[dict[str, Any]]:
 
 
 def preempt_when(
-    cloud: Any, ready: Callable[[Any, Storage], bool], timeout_s: float, poll_s: float = 0.2
+    cloud: Any, ready: Callable[[Any, Storage], bool], timeout_s: float, poll_s: float = 0.2, times: int = 1
 ) -> tuple[threading.Thread, list[Any]]:
     """Start a thread that preempts the first READY node whose VM has its run directory and for which
-    `ready(node, run_dir_storage)` holds, once, within timeout_s; returns the thread and the list it appends the
-    preemption's result to (empty: no node was ever ready)."""
+    `ready(node, run_dir_storage)` holds, `times` times (a preempted node is not READY again until it is recreated),
+    within timeout_s; returns the thread and the list it appends each preemption's result to (empty: no node was
+    ever ready)."""
     preempted: list[Any] = []
 
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and len(preempted) < times:
             for node in cloud.nodes():
                 run_dir = node.metadata.get("tpu-runner-run-dir")
                 if node.state == "READY" and run_dir and ready(node, open_storage(run_dir)):
                     preempted.append(cloud.preempt(node.node_id))
-                    return
+                    break
             time.sleep(poll_s)
 
     thread = threading.Thread(target=watch, daemon=True)

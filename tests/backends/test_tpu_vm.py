@@ -333,19 +333,10 @@ def test_a_job_without_checkpoints_starts_over_and_a_preemption_past_the_retry_l
         name="spot-out",
     )
     spec.write_text(spec.read_text().replace("project: test-project}", "project: test-project, spot: true}"))
-    preempted: list[object] = []
-
-    def preempt_each_attempt() -> None:
-        # A recreated node's worker heartbeat is its own: the runner clears the old ones before it creates the node.
-        for _ in range(2):
-            thread, done = preempt_when(
-                cloud, lambda _node, store: bool(store.read_bytes("heartbeats/worker-0.json")), timeout_s=90
-            )
-            thread.join()
-            preempted.extend(done)
-
-    thread = threading.Thread(target=preempt_each_attempt, daemon=True)
-    thread.start()
+    # A recreated node's worker heartbeat is its own: the runner clears the old ones before it creates the node.
+    thread, preempted = preempt_when(
+        cloud, lambda _node, store: bool(store.read_bytes("heartbeats/worker-0.json")), timeout_s=180, times=2
+    )
     result = submit(str(spec))
     thread.join(5)
     assert len(preempted) == 2, result.output
