@@ -28,7 +28,6 @@ from tests.launch.test_docker import image_requirements, locked
 from tests.train.test_trainer import (
     EXACT,
     SAVED_ON_SIGTERM,
-    STEPS,
     job_pid,
     mid_epoch,
     rows,
@@ -170,14 +169,24 @@ def host_pid(engine: Engine, name: str, pid_inside: int) -> int:
 
 
 class _Container:
-    """A running container, as the trainer tests' mid_epoch() asks a process: poll() is None while it runs."""
+    """A running container, as the trainer tests' mid_epoch() asks a process: poll() is None until the job has
+    ended by positive evidence (its exit record, or the engine saying the container exited), so an inspection that
+    fails while the engine is busy is not taken for the job's end."""
 
-    def __init__(self, engine: Engine, name: str) -> None:
-        self.engine, self.name = engine, name
+    def __init__(self, engine: Engine, name: str, run_dir: Path) -> None:
+        self.engine, self.name, self.run_dir = engine, name, run_dir
 
     def poll(self) -> int | None:
-        state = self.engine.run("inspect", "--format", "{{.State.Running}}", self.name).stdout.strip()
-        return None if state == "true" else 0
+        if (self.run_dir / contract.exit_key(0)).exists():
+            return 0
+        state = self.engine.run("inspect", "--format", "{{.State.Status}}", self.name).stdout.strip()
+        return 0 if state in ("exited", "stopped", "dead") else None
+
+
+# The process tests' job with 4x the examples: an epoch lasts seconds even on a fast CPU, so the window between
+# seeing an epoch after the first under way and freezing the trainer (both through the engine) stays inside it.
+IN_CONTAINER = {**EXACT, "max_train_examples": 8192}
+STEPS = 8192 // 8
 
 
 def test_sigterm_mid_epoch_in_the_container_saves_exactly_and_runner_resume_goes_on(
@@ -188,7 +197,7 @@ def test_sigterm_mid_epoch_in_the_container_saves_exactly_and_runner_resume_goes
     tests/train/test_trainer.py checks it): the step-exact checkpoint, no metrics row for the cut epoch, `cancelled`.
     Then `runner resume` runs the same image again, from that checkpoint: every step of the run once."""
     engine = use_container_engine
-    training = json.dumps(TrainingSpec.model_validate(EXACT).model_dump(mode="json", exclude_defaults=True))
+    training = json.dumps(TrainingSpec.model_validate(IN_CONTAINER).model_dump(mode="json", exclude_defaults=True))
     spec = tmp_path / "job.yaml"
     spec.write_text(
         f"name: stopped\nimage: {cpu_image.reference}\ntraining: {training}\nstorage: {tmp_path / 'store'}\n"
@@ -200,7 +209,7 @@ def test_sigterm_mid_epoch_in_the_container_saves_exactly_and_runner_resume_goes
     record = only_record(runner_home)
     run_dir, name = Path(record.run_dir), f"runner-{record.run_id}"  # the container the local backend names
     try:
-        seen = wait_for(lambda: mid_epoch(run_dir, _Container(engine, name)), "an epoch after the first", 600)
+        seen = wait_for(lambda: mid_epoch(run_dir, _Container(engine, name, run_dir)), "an epoch after the first", 600)
         assert isinstance(seen, dict)
         # Freeze the trainer where it was seen, so the SIGTERM lands mid-epoch however loaded this machine is.
         pid = host_pid(engine, name, job_pid(run_dir))

@@ -225,12 +225,16 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120) -
 
 
 def mid_epoch(run: Path, proc: subprocess.Popen[str]) -> dict | None:
-    assert proc.poll() is None, "the job ended before it was seen mid-epoch"
+    """progress.json when it shows an epoch after the first in progress; None while it does not yet. The file is read
+    before the job is asked whether it ended, so a slow answer to that (a container engine's) misses no window."""
     try:
         progress = json.loads((run / contract.PROGRESS).read_text())
     except (OSError, ValueError):
-        return None
-    return progress if progress["epoch"] >= 2 and 0 < progress["step"] < progress["steps_per_epoch"] else None
+        progress = None
+    if progress and progress["epoch"] >= 2 and 0 < progress["step"] < progress["steps_per_epoch"]:
+        return progress
+    assert proc.poll() is None, "the job ended before it was seen mid-epoch"
+    return None
 
 
 ENGINES = {"keras3": {"keras": "keras3"}, "tf_keras": {"keras": "tf_keras"}, "jax": {"framework": "jax"}}
