@@ -228,14 +228,18 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
 def test_events_keep_their_time_when_the_shutdown_signal_reaches_every_process_on_the_vm(tmp_path: Path) -> None:
     """A VM shutting down (a delete, a preemption) sends SIGTERM to all its processes at once: the script traps it
     and goes on, but the subshells it has running die. The signal arriving while the time of `container_exited` is
-    being read (a `date` that signals its process group, once) must not leave that event without its time."""
+    being read (a `date` that signals its process group, once, when asked for the time as `now` asks, with
+    nanoseconds: the script's other `date`, before its trap is set, is left alone) must not leave that event without
+    its time."""
     script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
     docker = FAKE_DOCKER.replace("exit 0\n", '[ "$1" = run ] && touch "$FAKE_LOG/shut-down-now"\nexit 0\n')
     env, log = harness(tmp_path, docker)
     date = tmp_path / "bin" / "date"
     date.write_text(
         "#!/bin/bash\n"
-        'if [ -e "$FAKE_LOG/shut-down-now" ]; then rm -f "$FAKE_LOG/shut-down-now"; kill -TERM 0; fi\n'
+        'if [ "$1" = +%s.%N ] && [ -e "$FAKE_LOG/shut-down-now" ]; then\n'
+        '  rm -f "$FAKE_LOG/shut-down-now"; kill -TERM 0\n'
+        "fi\n"
         f'exec {shutil.which("date")} "$@"\n'
     )
     date.chmod(0o755)
