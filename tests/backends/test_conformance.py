@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch.rundir import read_snapshot
 from tests.cloudjobs import IMAGE
+from tests.waiting import wait_for
 
 GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
 
@@ -38,15 +38,6 @@ class Subject:
     backend: Backend[Any]
     plan: Plan
     take_away: Callable[[Any], None]  # what a provider (or a crash) does to the machine under the runner
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := predicate():
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def spec_text(storage: str, seconds: int) -> str:

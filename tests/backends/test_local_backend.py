@@ -18,18 +18,10 @@ from runner.backends import container
 from runner.watch.runs import RunRecord
 from runner.worker import processes
 from tests.cli.test_cli import command_job
+from tests.waiting import wait_for
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 LONG_JOB = "import time; print('started', flush=True); time.sleep(120)"
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def only_record(home: Path) -> RunRecord:

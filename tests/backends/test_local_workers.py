@@ -20,8 +20,8 @@ from runner.backends.local.backend import LocalHandle, free_ports, worker_envs
 from runner.cli import app
 from runner.watch.runs import RunRecord
 from runner.worker import processes
-from tests.backends.test_local_backend import wait_for
 from tests.cli.test_cli import command_job
+from tests.waiting import wait_for
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 

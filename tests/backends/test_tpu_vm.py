@@ -254,7 +254,12 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
 # A user's own Keras script (a `command` job): the Dense guide's network with the runner's one callbacks= line, on
 # all of MNIST from the data cache the runner copies beside the run directory for the VM, in steps small enough
 # for an epoch to outlast the bucket's lag behind the trainer (5 s) on either backend.
-COMMAND_JOB = """\
+# The Dense guide's fit, paced to at least EPOCH_FLOOR_S an epoch: the test sees the job only through the bucket,
+# which trails the trainer by up to the supervisor's sync interval (5 s) plus a progress write (2 s), so two epochs
+# must outlast both on any CPU, however fast, for a preemption to land with training still to do.
+EPOCH_FLOOR_S = 4.0
+COMMAND_JOB = f"""\
+import time
 import keras
 from runner.datasets import mnist
 from runner.train import keras_callbacks
@@ -264,7 +269,13 @@ x_train = x_train.reshape(-1, 784) / 255.0
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(128, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-model.fit(x_train, y_train, epochs=3, batch_size=16, callbacks=keras_callbacks(), verbose=2)
+steps, began = len(x_train) // 16, [0.0]
+pace = keras.callbacks.LambdaCallback(
+    on_epoch_begin=lambda epoch, logs: began.__setitem__(0, time.monotonic()),
+    on_train_batch_end=lambda batch, logs: time.sleep(
+        max(0.0, began[0] + (batch + 1) * {EPOCH_FLOOR_S} / steps - time.monotonic())),
+)
+model.fit(x_train, y_train, epochs=3, batch_size=16, callbacks=[*keras_callbacks(), pace], verbose=2)
 """
 
 
@@ -288,9 +299,8 @@ def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_d
     cloud.vm_grace_s = 10.0  # a preempted VM's time between SIGTERM and SIGKILL, as the fault suite gives
 
     def training_with_an_epoch_to_go(_node, store) -> bool:  # type: ignore[no-untyped-def]
-        # The bucket's progress.json trails the trainer by up to a sync interval (5 s), and an epoch on JAX takes
-        # about as long, so the preemption goes in as soon as the bucket shows a step trained with a whole epoch
-        # still to go: later than that, the trainer may have finished before the preemption lands.
+        # The preemption goes in as soon as the bucket shows a step trained with a whole epoch still to go: later
+        # than that, the trainer may have finished before the preemption lands (EPOCH_FLOOR_S).
         raw = store.read_bytes("progress.json")
         p = rundir.Progress.from_json(json.loads(raw)) if raw else rundir.Progress()
         return bool(

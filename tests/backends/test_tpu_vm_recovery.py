@@ -23,19 +23,11 @@ from runner.interrupts import hurry
 from runner.storage import open_storage
 from runner.timings import Timings
 from tests.cloudjobs import events, job, run_id_of, submit
+from tests.waiting import wait_for
 
 QUICK = "command: [python, -c, 'print(\"done on the vm\")']\n"
 ZONE, OTHER_ZONE, PROJECT = "us-central1-b", "us-central1-c", "test-project"
 FAST = Timings(api_poll_s=0.1, api_retry_initial_s=0.1)
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := predicate():
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_name_collision_never_deletes_the_other_runs_node(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -105,13 +105,3 @@ def instance(name: str, **kwargs: Any) -> compute_v1.Instance:
 
 def spot(**fields: Any) -> compute_v1.Scheduling:
     return scheduling("SPOT", automatic_restart=False, **fields)
-
-
-def wait_for(predicate: Any, timeout_s: float = 15.0, poll_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError("condition not reached in time")

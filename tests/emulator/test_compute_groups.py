@@ -20,8 +20,8 @@ from tests.emulator.compute import (
     quick_emulator,
     scheduling,
     spot,
-    wait_for,
 )
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 
 SLICE_SCRIPT = (

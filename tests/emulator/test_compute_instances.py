@@ -18,7 +18,8 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
-from tests.emulator.compute import PROJECT, ZONE, Clients, instance, quick_emulator, scheduling, spot, wait_for
+from tests.emulator.compute import PROJECT, ZONE, Clients, instance, quick_emulator, scheduling, spot
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 from tpu_emulator.errors import ApiError
 

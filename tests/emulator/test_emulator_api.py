@@ -29,6 +29,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 
 from tests.emulator.api import FAST, OP_NAME, PARENT, PROJECT, RUNTIME, ZONE, quick_api_emulator, tpu_client
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 from tpu_emulator.errors import ApiError
 
@@ -66,16 +67,6 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 def error_status(exc: gexc.GoogleAPICallError) -> str:
     assert exc.response is not None
     return exc.response.json()["error"]["status"]
-
-
-def wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 # -- nodes ------------------------------------------------------------------------------------------------------
@@ -173,7 +164,7 @@ def test_a_node_boots_on_time_even_if_nobody_polls(slow_emulator: TpuEmulator) -
     create(client, "unwatched", metadata={"startup-script": script})  # as a runner that dies while CREATING
     reads = len(slow_emulator.requests)
     booted = slow_emulator.launcher.vm_dir(PROJECT, ZONE, "unwatched", 0) / "booted"
-    wait_for(booted.exists, timeout_s=10)
+    wait_for(booted.exists, timeout=10)
     assert time.monotonic() - started >= 1.0
     assert len(slow_emulator.requests) == reads  # no request made it happen
 

@@ -18,6 +18,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
 from tests.emulator.api import FAST, OP_NAME, PARENT, PROJECT, RUNTIME, ZONE, quick_api_emulator, tpu_client
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 
 
@@ -50,16 +51,6 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 def error_status(exc: gexc.GoogleAPICallError) -> str:
     assert exc.response is not None
     return exc.response.json()["error"]["status"]
-
-
-def wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def queued_resource(node_id: str, **fields: Any) -> tpu_v2.QueuedResource:

@@ -32,8 +32,8 @@ from tests.train.test_trainer import (
     mid_epoch,
     rows,
     sigterm_pending,
-    wait_for,
 )
+from tests.waiting import wait_for
 from tpu_emulator.registry import machine_ca_certs
 
 pytestmark = [pytest.mark.slow, GROUP]

@@ -18,7 +18,8 @@ from runner.backends.local.backend import worker_envs
 from runner.train.agreement import MAX_EVERY, TARGET_S, Agreement
 from runner.train.callbacks import StopSignal
 from runner.train.checkpoints import read_manifest
-from tests.train.test_trainer import SAVED_ON_SIGTERM, rows, sigterm_pending, wait_for, worker_env
+from tests.train.test_trainer import SAVED_ON_SIGTERM, rows, sigterm_pending, worker_env
+from tests.waiting import wait_for
 
 
 class Clock:

@@ -9,9 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
 from runner.train.perf import CPU_FLAGS_ENV
 from tests.train.test_checkpoints import weights_offset
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -213,15 +212,6 @@ def sigterm_pending(pid: int) -> bool:
         if line.startswith("ShdPnd:"):
             return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     return False
-
-
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.002)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def mid_epoch(run: Path, proc: subprocess.Popen[str]) -> dict | None:

@@ -11,7 +11,8 @@ from runner.backends.base import MachineState
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import ComputeHandle, GroupHandle
 from tests.backends.compute_engine.plans import PROJECT, plan
-from tests.emulator.compute import REGION, Clients, wait_for
+from tests.emulator.compute import REGION, Clients
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 
 ZONE = "us-central1-c"

@@ -10,7 +10,8 @@ from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import ComputeHandle, InstanceHandle
 from runner.errors import BackendError, QuotaExceeded
 from tests.backends.compute_engine.plans import PROJECT, plan
-from tests.emulator.compute import Clients, wait_for
+from tests.emulator.compute import Clients
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 
 ZONE = "us-central1-c"

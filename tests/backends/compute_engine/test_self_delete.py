@@ -15,7 +15,7 @@ from runner.backends.compute_engine.handles import GroupHandle
 from runner.storage import open_storage
 from tests.backends.compute_engine.conftest import QUICK
 from tests.backends.compute_engine.plans import plan
-from tests.emulator.compute import wait_for
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 
 
@@ -28,8 +28,8 @@ def test_the_vm_deletes_itself_when_its_job_is_over(
     backend = ComputeEngineBackend(say=lambda s: None, timings=QUICK, delete_timeout_s=30.0)
     handle = backend.provision(p, lambda h: None)
     run_dir = open_storage(p.run_dir)
-    wait_for(lambda: len(run_dir.list("exit/")) == p.num_workers, timeout_s=60)
-    wait_for(lambda: backend.status(handle) == MachineState.GONE, timeout_s=60)
+    wait_for(lambda: len(run_dir.list("exit/")) == p.num_workers, timeout=60)
+    wait_for(lambda: backend.status(handle) == MachineState.GONE, timeout=60)
     assert not cloud.compute.instances()
     if isinstance(handle, GroupHandle):
         assert backend.teardown(handle, wait_s=20) is True  # the template and policy, after the VM's own delete
