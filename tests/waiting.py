@@ -13,8 +13,8 @@ T = TypeVar("T")
 
 def wait_for(predicate: Callable[[], T], what: str = "a condition", timeout: float = 120.0, poll_s: float = 0.05) -> T:
     """The predicate's first truthy answer, asked every `poll_s`; the test fails, naming `what`, after `timeout`.
-    The interval is short beside every window a test waits to see (an epoch lasts 0.6 s or more on the fastest CPU
-    the suite meets), and long enough that a predicate calling an emulator does not become its load."""
+    The default interval keeps a predicate that calls an emulator from becoming its load; a test that must catch a
+    short window by reading a file (a step mid-epoch) asks more often."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := predicate():

@@ -183,7 +183,7 @@ def test_a_sigterm_on_one_worker_stops_both_at_one_step_and_the_resume_loses_non
     that exact step, and two workers started again train exactly the steps left."""
     run = tmp_path / "run"
     procs = start_workers(run, mnist_npz, framework)
-    wait_for(lambda: in_first_half(run), "the first half of the epoch", timeout=240)
+    wait_for(lambda: in_first_half(run), "the first half of the epoch", timeout=240, poll_s=0.002)
     pid = trainer_pid(run, 1)
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)  # worker 1 (and so worker 0, in the step's collective) held mid-epoch

@@ -251,7 +251,9 @@ def test_sigterm_mid_epoch_saves_exactly_and_the_resume_trains_the_same_steps(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    seen = wait_for(lambda: mid_epoch(run, proc), "progress.json to show an epoch after the first in progress")
+    seen = wait_for(
+        lambda: mid_epoch(run, proc), "progress.json to show an epoch after the first in progress", poll_s=0.002
+    )
     assert isinstance(seen, dict)
     # Freeze the trainer where it was seen, so the SIGTERM lands mid-epoch however loaded this machine is; the
     # supervisor forwards it as it would a preemption's, and the trainer acts on it at its next step end.
