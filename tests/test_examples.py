@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from runner import contract, datasets
 from tests.train.test_trainer import sigterm_pending
+from tests.waiting import wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RUNNER = [sys.executable, "-m", "runner.cli"]
@@ -118,26 +118,28 @@ def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> P
     """Ctrl-C the runner while its job is inside an epoch after the first: the job is frozen where it was seen (its
     whole process group: a shell form's program is the shell's child), so that the SIGTERM lands mid-epoch however
     loaded the machine is."""
-    deadline = time.monotonic() + 300
-    while not mid_epoch(run_dir_of(home)):
+
+    def seen_mid_epoch() -> bool:
+        if mid_epoch(run_dir_of(home)):
+            return True
         assert proc.poll() is None, f"{what} ended before it was seen mid-epoch:\n{proc.communicate()[0][-3000:]}"
-        assert time.monotonic() < deadline, f"{what} never reached a second epoch"
-        time.sleep(0.01)
+        return False
+
+    wait_for(seen_mid_epoch, f"{what} to reach a second epoch", timeout=300, poll_s=0.01)
     run_dir = run_dir_of(home)
     assert run_dir is not None
     pid = job_pid(run_dir)
     assert pid is not None
     os.killpg(pid, signal.SIGSTOP)  # the job leads its own process group
     proc.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def forwarded() -> bool:
         try:
-            if sigterm_pending(pid):
-                break
+            return sigterm_pending(pid)
         except FileNotFoundError:  # a frozen job goes only by SIGKILL: say what the runner printed
             pytest.fail(f"{what}: the stopped job was killed:\n{proc.communicate()[0][-3000:]}")
-        assert time.monotonic() < deadline, f"{what}: the runner never stopped the job"
-        time.sleep(0.01)
+
+    wait_for(forwarded, f"{what}: the runner to stop the job", timeout=60, poll_s=0.01)
     os.killpg(pid, signal.SIGCONT)
     return run_dir
 

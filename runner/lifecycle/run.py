@@ -39,7 +39,7 @@ from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog, stopped_under, taken_back
+from runner.lifecycle.watchdog import Verdict, Watchdog, machine_end
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.timings import Timings
@@ -306,7 +306,8 @@ class Run:
                 raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
-        if taken_back(self.backend, handle, verdict, snapshot, self.plan.num_workers):
+        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers)
+        if end.taken_back:
             if self.preemptions >= retries.preemptions:
                 self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
                 self.reason = f"preempted again, after {self.preemptions} recreation(s) (retries.preemptions)"
@@ -325,10 +326,10 @@ class Run:
             if slices > 1:
                 self._let_the_chief_save()
             raise _Retry
-        if (stopped := stopped_under(self.backend, handle, verdict, snapshot, self.plan.num_workers)) is not None:
-            self.reason = stopped
-            self.say(f"{stopped}: ending the run")
-            self.events.emit("machine_stopped", reason=stopped)
+        if end.stopped is not None:
+            self.reason = end.stopped
+            self.say(f"{end.stopped}: ending the run")
+            self.events.emit("machine_stopped", reason=end.stopped)
             return RunState.LOST
         if verdict == Verdict.WORKER_LOST:
             self.say(f"{self.reason}: ending the run")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 
 from runner.backends.base import Backend, Handle, MachineState
@@ -63,33 +64,34 @@ def stopped_reason(what: str, native: str, stop_command: str | None) -> str:
     )
 
 
-def taken_back(backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int) -> bool:
-    """A machine taken away (PREEMPTED), or gone without every worker's exit record: not the job's doing."""
+@dataclass(frozen=True)
+class MachineEnd:
+    """What the end of following a machine means, from one read of it: `taken_back` (preempted, or gone without
+    every worker's exit record: not the job's doing, so the machine is recreated), or `stopped` (why the run is lost:
+    the machine was stopped under it before every worker succeeded), or neither."""
+
+    taken_back: bool = False
+    stopped: str | None = None
+
+
+def machine_end(backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int) -> MachineEnd:
+    """One read of the machine (an ephemeral one is never taken back or stopped under a run). A STOPPED machine's
+    workers record `cancelled`: that is the stop's doing, not the job's end."""
     if backend.ephemeral:
-        return False
+        return MachineEnd()
     try:
-        machine = backend.status(handle)
+        machine, native = backend.observe(handle)
     except RunnerError:
-        return verdict == Verdict.MACHINE_GONE
-    finished = len(snapshot.exits) >= num_workers and all(e.state != RunState.CANCELLED for e in snapshot.exits)
-    return machine == MachineState.PREEMPTED or (machine == MachineState.GONE and not finished)
-
-
-def stopped_under(
-    backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int
-) -> str | None:
-    """Why the run is lost when its machine was stopped under it (STOPPED: by someone, or maintenance) before
-    every worker succeeded; the workers' `cancelled` there is the stop's doing, not the job's end."""
-    done = len(snapshot.exits) >= num_workers and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
-    if backend.ephemeral or done or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED):
-        return None
-    try:
-        native = backend.observe(handle)[1]
-    except RunnerError:
-        return None
-    if native is None or native not in backend.stopped_states:
-        return None
-    return stopped_reason(backend.describe_handle(handle), native, backend.stop_command)
+        return MachineEnd(taken_back=verdict == Verdict.MACHINE_GONE)
+    complete = len(snapshot.exits) >= num_workers
+    if machine == MachineState.PREEMPTED or (
+        machine == MachineState.GONE and not (complete and all(e.state != RunState.CANCELLED for e in snapshot.exits))
+    ):
+        return MachineEnd(taken_back=True)
+    succeeded = complete and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
+    if succeeded or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED) or native not in backend.stopped_states:
+        return MachineEnd()
+    return MachineEnd(stopped=stopped_reason(backend.describe_handle(handle), native, backend.stop_command))
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)

@@ -269,13 +269,17 @@ x_train = x_train.reshape(-1, 784) / 255.0
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(128, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-steps, began = len(x_train) // 16, [0.0]
-pace = keras.callbacks.LambdaCallback(
-    on_epoch_begin=lambda epoch, logs: began.__setitem__(0, time.monotonic()),
-    on_train_batch_end=lambda batch, logs: time.sleep(
-        max(0.0, began[0] + (batch + 1) * {EPOCH_FLOOR_S} / steps - time.monotonic())),
-)
-model.fit(x_train, y_train, epochs=3, batch_size=16, callbacks=[*keras_callbacks(), pace], verbose=2)
+
+class Pace(keras.callbacks.Callback):  # a step that runs ahead of {EPOCH_FLOOR_S} s an epoch waits
+    def on_epoch_begin(self, epoch, logs=None):
+        self.began = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        due = self.began + (batch + 1) * {EPOCH_FLOOR_S} / (len(x_train) // 16)
+        time.sleep(max(0.0, due - time.monotonic()))
+
+
+model.fit(x_train, y_train, epochs=3, batch_size=16, callbacks=[*keras_callbacks(), Pace()], verbose=2)
 """
 
 
