@@ -42,13 +42,15 @@ from runner.lifecycle.resume import resume_note
 from runner.lifecycle.watchdog import Verdict, Watchdog, machine_end
 from runner.plan.planner import Plan
 from runner.storage import open_storage
+from runner.storage.parallel import delete_many, list_many
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
 from runner.watch.follow import Sight, follow, tail_for
-from runner.watch.rundir import Snapshot, read_snapshot
+from runner.watch.rundir import Snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
+from runner.watch.view import RunDirView
 
 # Before a machine is recreated its predecessor must be gone; a real TPU VM takes a minute or two to delete.
 REPLACE_WAIT_S = 600.0
@@ -118,6 +120,8 @@ class Run:
         self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
         self.events = EventLog(self.storage, "runner", on_error=self._storage_failed)
         self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
+        # The run directory as read so far: each poll reads only what changed (runner.watch.view).
+        self.view = RunDirView(self.storage, tail=self.tail, events=True, beats_every_s=timings.heartbeat_read_every_s)
         self.seen: set[tuple[float, str, str]] = set()
         if previous is not None:  # what the earlier attempts wrote was shown then
             self.tail.skip_existing()
@@ -254,9 +258,10 @@ class Run:
         """The run directory once more: the machine is gone, and what it left decides the run's state. While it
         cannot be read that is unknown, so this waits (saying so), up to the run's deadline: a job that finished
         must never be taken for one that was preempted, and run again."""
+        self.view.since = self.since
         while True:
             try:
-                read = read_snapshot(self.storage, with_metrics=False, since=self.since)
+                read = self.view.poll()
                 self.sight.back()
                 return read
             except BucketMissing:
@@ -385,6 +390,8 @@ class Run:
             since=self.since,
             sight=self.sight,
             judge_blind=True,  # the runner's deadlines and the API's word on the machine do not wait for storage
+            view=self.view,
+            last_read=False,  # what the end's poll did not read is read after the verdict's delete (settle)
         )
 
     def replace(self, handle: Handle) -> None:
@@ -402,8 +409,8 @@ class Run:
         # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words (and
         # what cannot be cleared now is older than the next attempt's `since`).
         try:
-            for info in self.storage.list(contract.EXIT_DIR + "/") + self.storage.list(contract.HEARTBEATS_DIR + "/"):
-                self.storage.delete(info.key)
+            listed = list_many(self.storage, [contract.EXIT_DIR + "/", contract.HEARTBEATS_DIR + "/"])
+            delete_many(self.storage, [info.key for found in listed for info in found])
         except StorageError as exc:
             self._storage_failed(exc)
 
@@ -460,10 +467,10 @@ class Run:
         directory that cannot be read leaves it open: `lost`, saying why (exit records read later overturn it)."""
         unreadable: StorageError | None = None
         try:
-            rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
-            if rest:
-                self.on_output(rest)
-            final = read_snapshot(self.storage, since=self.since)
+            self.view.since = self.since
+            final = self.view.poll(metrics=True, summary=True)
+            self.view.read_streams(flush=True)  # what the job wrote and said as it ended, or while it was stopped
+            self._show_rest()
         except StorageError as exc:
             unreadable, final = exc, self.snapshot or Snapshot([], None, [], None)
         if final.exits:
@@ -481,6 +488,17 @@ class Run:
             self.events.flush()  # what waited for storage, once more
         except StorageError as exc:
             self.say(f"warning: some of this run's events are not in its run directory: {exc.message}")
+
+    def _show_rest(self) -> None:
+        """What the view read and following did not show: the end's output and events, after the verdict."""
+        events, output = self.view.drain()
+        for event in events:
+            key = (event.time, event.source, event.event)
+            if key not in self.seen:
+                self.seen.add(key)
+                _show_event(event, self.say)
+        if output:
+            self.on_output(output)
 
     # -- the whole run --------------------------------------------------------------------------------------------
 

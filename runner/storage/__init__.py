@@ -22,6 +22,9 @@ class ObjectInfo:
     key: str
     size: int
     updated: float | None = None  # when it was last written, by the storage's own clock (not the writer's)
+    # Changes whenever its content does (Cloud Storage's generation; a local file's inode and mtime): a reader that
+    # kept what it read knows from a listing alone whether to read it again.
+    generation: int | None = None
 
 
 class Storage(Protocol):
@@ -52,7 +55,8 @@ class Storage(Protocol):
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Objects whose key starts with `prefix`, sorted by key."""
+        """Objects whose key starts with `prefix`, sorted by key: one request (a page per 1,000 objects) however
+        many there are, which is why readers of many objects list before they read."""
         ...
 
     def delete(self, key: str) -> None:

@@ -91,10 +91,12 @@ class LocalStorage:
         return True
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        if not self.root.is_dir():
+        # Only the directory the prefix names is walked (logs/ is not the whole run directory's checkpoints).
+        top = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        if ".." in Path(prefix).parts or not top.is_dir():
             return []
         out = []
-        for path in self.root.rglob("*"):
+        for path in top.rglob("*"):
             if path.is_file() and not path.name.startswith("."):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
@@ -102,7 +104,9 @@ class LocalStorage:
                         st = path.stat()
                     except FileNotFoundError:  # replaced or removed while listing
                         continue
-                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+                    # A write replaces the file (a new inode), an append moves its mtime: either changes this.
+                    generation = hash((st.st_ino, st.st_mtime_ns, st.st_size)) & 0x7FFF_FFFF_FFFF_FFFF
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime, generation))
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
