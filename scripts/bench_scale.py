@@ -1,6 +1,6 @@
 """The control plane at scale: `runner submit` following a pod slice of 1, 16, 64 and 256 hosts.
 
-    .venv/bin/python scripts/bench_scale.py                       # `make bench-scale`
+    .venv/bin/python scripts/bench_scale.py                       # `make bench-scale` (BENCH_ARGS=...)
     .venv/bin/python scripts/bench_scale.py --hosts 1,16 --latency-ms 40 --seconds 60
 
 Each round starts a Cloud Storage emulator (gcp-storage-emulator, a process of its own), the Cloud TPU API emulator
@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import unquote
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's runner is the one measured, here and in every process it starts
 BUCKET = "runner-test"
 IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
 SLICES = {1: "v5p-8", 16: "v5p-128", 64: "v5p-512", 256: "v5p-2048"}  # 8 TensorCores (4 chips) a host
