@@ -33,7 +33,8 @@ def build(
     context: Path | None = typer.Option(
         None,
         "--context",
-        help="Your code: this directory goes into the image at /workspace (the working directory of `command`).",
+        help="Your code: this directory goes into the image at /workspace (the working directory of `command`), its "
+        "requirements.txt (or pyproject.toml's dependencies) in a layer of their own under it.",
         file_okay=False,
     ),
     ca_certs: Path | None = typer.Option(
@@ -67,7 +68,7 @@ def build(
         variant, project=project, region=region, repo=repo, push=push, build_args=args, ca_certs=ca_certs
     )
     if context is not None:
-        result = code.ensure_code_image(result, context, push=push)
+        result = code.ensure_code_image(result, context, push=push, ca_certs=ca_certs)
     echo(f"image: {result.reference}")
 
 
