@@ -58,6 +58,8 @@ def build(
 
         for problem in context_problems(load_spec(spec).command, context):
             warn(problem)
+    if context is not None:  # the requirements there are read, and refused on a conflict, before any build
+        code.dependency_layer(context, variant)
     args = builder.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)

@@ -72,13 +72,13 @@ def variant_pins(variant: str | None, root: Path = image.REPO_ROOT) -> deps.Pins
     return deps.lock_pins(lines, f"the {variant} image")
 
 
-def dependency_layer(context: Path, base: build.ImageResult) -> tuple[list[str], list[str]] | None:
-    """(pip's lines, extra constraints) of the layer `context`'s requirements need on `base`, or None when there are
-    none or the image has them all. A requirement that conflicts with the image's lock: SpecError (exit 2)."""
+def dependency_layer(context: Path, variant: str | None) -> tuple[list[str], list[str]] | None:
+    """(pip's lines, extra constraints) of the layer `context`'s requirements need on the `variant`'s image, or None
+    when there are none or the image has them all. One that conflicts with the image's lock: SpecError (exit 2)."""
     requirements = deps.find(context)
     if requirements is None:
         return None
-    pins = variant_pins(next((v for t in base.tags if (v := variants.variant_of(t))), None))
+    pins = variant_pins(variant)
     if pins is None:  # not a trainer-<variant> image: pip, with the image's own lock, is the only check
         return [line.text for line in requirements.lines], []
     deps.check(requirements, pins)
@@ -140,7 +140,8 @@ def ensure_code_image(
 ) -> build.ImageResult:
     """Build (and push) the code image on top of `base`, doing only what is missing, as build.ensure_image does;
     your requirements in a layer of their own under the code (`ca_certs`: pip's extra CA certificates there)."""
-    layer = dependency_layer(context, base)  # a conflict is refused before anything is built
+    variant = next((v for t in base.tags if (v := variants.variant_of(t))), None)
+    layer = dependency_layer(context, variant)  # a conflict is refused before anything is built
     tags = tuple(code_reference(t, context) for t in base.tags)
     remote = tags[0] if len(tags) > 1 else None  # (registry, local) when there is a project, as for the base
     cli = build.Cli(engine)
