@@ -251,3 +251,25 @@ def test_a_conflict_is_refused_before_anything_is_built(
     assert f"`jax==0.4.1` conflicts: the jax-tpu image has jax=={JAX_TPU.versions['jax']}" in result.output
     assert f"`keras<3` conflicts: the jax-tpu image has keras=={JAX_TPU.versions['keras']}" in result.output
     assert docker.calls() == []  # no engine asked, nothing built
+
+
+def test_runner_validate_reads_the_file_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.cli.validate import validate_paths
+
+    assert CPU is not None
+    (tmp_path / "requirements.txt").write_text("tabulate==0.9.0\nkeras<3\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: j\nimage: trainer-cpu:1\ncommand: python train.py\nstorage: {tmp_path}/s\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate", str(spec), "--json"])
+    assert result.exit_code == 2, result.output
+    (verdict,) = json.loads(result.output)["files"]
+    here = deps.installed_pins().versions["keras"]
+    assert verdict["problems"] == [
+        f"requirements.txt line 2: `keras<3` conflicts: the cpu image has keras=={CPU.versions['keras']}",
+        f"requirements.txt line 2: `keras<3` conflicts: this Python (a --local process run's) has keras=={here}",
+    ]
+    (tmp_path / "requirements.txt").write_text("tabulate==0.9.0\n-e .\n")
+    assert validate_paths([spec]) == 2
+    (tmp_path / "requirements.txt").write_text("tabulate==0.9.0\n")
+    assert validate_paths([spec]) == 0
