@@ -46,6 +46,7 @@ NUM_WORKERS = "RUNNER_NUM_WORKERS"  # every worker of every slice: worker ids ar
 HOSTS_PER_SLICE = "RUNNER_HOSTS_PER_SLICE"  # multislice only (its bootstrap sets it, with the MEGASCALE_* variables)
 COMMAND = "RUNNER_COMMAND"  # JSON list: the custom command; absent means the built-in trainer
 TRAINING = "RUNNER_TRAINING"  # JSON: the spec's training section, for the built-in trainer
+REQUIREMENTS = "RUNNER_REQUIREMENTS"  # JSON: the job's own requirements (runner.launch.deps), when it has some
 CHECKPOINT_EVERY = "RUNNER_CHECKPOINT_EVERY"  # checkpoints.every: epochs, or a duration ('10m')
 CHECKPOINT_KEEP = "RUNNER_CHECKPOINT_KEEP"  # checkpoints.keep: the newest N are kept (and restored)
 SEED = "RUNNER_SEED"  # the run's seed for keras_callbacks' shuffle replay (default: one derived from the run id)

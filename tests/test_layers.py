@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("spec",),
     ("datasets",),
     ("storage",),
+    ("launch.deps",),
     ("launch.variants",),
     ("launch.imageref",),
     ("metrics", "credentials", "interrupts", "timings", "__version__"),

@@ -36,6 +36,8 @@ import uuid
 from pathlib import Path
 
 from runner.backends import container
+from runner.errors import RunnerError
+from runner.launch import deps
 from runner.launch.imageref import ImageRef
 from runner.worker import processes
 from tpu_emulator import vm_engine
@@ -334,7 +336,12 @@ def run(args: list[str]) -> int:
         print(cid)
         return 0
     env = container_env(flags)
-    launch = container.plan_launch(ref, env, name=name, data_dir=None, storage_root=None, prefer="process")
+    try:  # the job's own requirements, as the local process run installs them (the same cache on this machine)
+        launch = container.plan_launch(ref, env, name=name, data_dir=None, storage_root=None, prefer="process")
+        if launch.install is not None:
+            deps.ensure(launch.install, say=lambda line: print(f"[emulator] {line}", file=sys.stderr))
+    except RunnerError as exc:
+        raise Exit(125, f"docker: Error response from daemon: {exc}.") from None
     shim_dir = os.environ.get(SHIM_DIR, "")
     vm_path = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != shim_dir]
     for sub in ("home", "tmp"):

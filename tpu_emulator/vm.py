@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.backends import container
+from runner.launch import deps
 from runner.launch.engine import Engine
 from runner.worker import processes
 
@@ -268,6 +269,9 @@ class VmLauncher:
             "RUNNER_TPU_API": self.endpoint,
             "RUNNER_COMPUTE_API": self.endpoint,
             MARKER: marker,
+            # A job's own requirements, which a container played as a process (docker_shim) installs as a --local
+            # process run does: into this machine's cache, shared with those runs (runner.launch.deps).
+            deps.CACHE_ENV: str(deps.cache_root()),
         }
         if self.gcs_endpoint:
             env["RUNNER_STORAGE_API"] = self.gcs_endpoint

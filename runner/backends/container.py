@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from runner.launch import deps
 from runner.launch import engine as engines
 from runner.launch.engine import Engine
 from runner.worker.processes import process_alive
@@ -46,6 +47,8 @@ class Launch:
     reason: str
     name: str
     mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (host, container, read_only)
+    # A process run's own requirements (the job's contract.REQUIREMENTS), installed into their cache before it starts.
+    install: deps.Install | None = None
 
 
 def _run_quiet(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess[str] | None:
@@ -149,11 +152,21 @@ def plan_launch(
     )
     if data_dir:
         env.setdefault("RUNNER_DATA_DIR", str(data_dir))
-    return Launch("process", argv, env, f"local process ({why}); commands run with {bin_dir} first on PATH", name)
+    # What the image would hold besides the runner: the job's own requirements, from their cache, never over this
+    # interpreter's packages (a conflict is an error here, before anything starts).
+    requirements = deps.of_env(env)
+    install = deps.prepare(requirements) if requirements is not None else None
+    if install is not None:
+        env = install.env(env)
+    reason = f"local process ({why}); commands run with {bin_dir} first on PATH"
+    return Launch("process", argv, env, reason, name, install=install)
 
 
 def start(launch: Launch, output: Path) -> subprocess.Popen[bytes]:
-    """Start the container (or process) in a new session; its stdout and stderr go to `output`."""
+    """Start the container (or process) in a new session; its stdout and stderr go to `output`. A process run's
+    requirements are installed first, unless their cache has them (the first of several workers installs)."""
+    if launch.install is not None:
+        deps.ensure(launch.install)
     output.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **launch.env}
     with output.open("ab") as out:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from runner import contract
-from runner.launch import code, variants
+from runner.launch import code, deps, variants
 from runner.plan.planner import Plan
 
 IMAGE_WORKDIR = "/tmp"  # the trainer image's WORKDIR (docker/Dockerfile; a test holds them equal)
@@ -221,4 +221,28 @@ def plan_rows(plan: Plan, *, process: bool, cwd: Path | None = None) -> list[tup
         rows.append(("working dir", f"{where}  ({why})"))
     rows.append(("env", env_row(plan.env)))
     warnings = missing_files(spec.command, spec.image, process=process, cwd=cwd, env=spec.env)
-    return rows + [("warning", text) for text in warnings]
+    return rows + dependency_rows(plan, process=process) + [("warning", text) for text in warnings]
+
+
+def dependency_rows(plan: Plan, *, process: bool) -> list[tuple[str, str]]:
+    """What the plan says of the job's own requirements (runner.launch.deps): a process run's install, cached or to
+    come (a conflict is an error here), or for a container, whether its image holds them."""
+    requirements = deps.of_env(plan.env)
+    if requirements is None:
+        return []
+    what = f"{requirements.source}: {requirements.shown()}"
+    if process:
+        install = deps.prepare(requirements)
+        return [("dependencies", install.describe() if install else f"{what}: all in this Python already")]
+    image = plan.spec.image
+    if code.has_code(image):
+        return [("dependencies", f"{what}: in the image, a layer `runner build --context` installed under your code")]
+    if variants.variant_of(image) is not None:
+        return [
+            (
+                "warning",
+                f"{what}: image {image} carries no code of yours, nor these: `runner build --context DIR` installs "
+                f"them in a layer of their own under DIR",
+            )
+        ]
+    return [("dependencies", f"{what}: image {image} must hold them (an image the runner did not build)")]

@@ -33,7 +33,7 @@ from typing import Any
 
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, SpecError, StorageError, UsageError
 from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.launch.datacache import share_data
 from runner.lifecycle.heartbeat import RunnerHeartbeat
@@ -521,7 +521,7 @@ class Run:
             self.state = RunState.CANCELLED
             self.say(f"{exc}: stopping the run")
             self.events.emit("cancel_requested", signal=str(exc))
-        except BackendError as exc:
+        except (BackendError, SpecError) as exc:  # SpecError: the job's own requirements, refused by pip (deps)
             self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             self.events.emit("provision_failed", error=exc.message)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from runner import contract, datasets
 from runner.errors import PlanError, UsageError
-from runner.launch import variants
+from runner.launch import deps, variants
 from runner.launch.imageref import ImageRef
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
@@ -112,7 +112,18 @@ def job_env(
         env[contract.TRAINING] = spec.training.model_dump_json()
     if spec.command is not None:
         env[contract.COMMAND] = json.dumps(spec.command)
+    if own_code(spec) and (requirements := deps.find(Path.cwd())) is not None:
+        env[contract.REQUIREMENTS] = requirements.encode()  # a process run installs them; an image holds them
     return env
+
+
+def own_code(spec: JobSpec) -> bool:
+    """Whether the job runs code of the user's (a command, or a module:function of theirs), whose directory (where
+    `runner submit` runs) may name its own requirements (runner.launch.deps)."""
+    if spec.command is not None:
+        return True
+    refs = (spec.training.model, spec.training.data) if spec.training is not None else ()
+    return any(ref and ":" in ref and not ref.startswith("gs://") for ref in refs)
 
 
 @dataclass(frozen=True)
