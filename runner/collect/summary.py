@@ -110,7 +110,7 @@ def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
         )
         text = f"{model} on {dataset} ({examples} train examples), {epochs} epochs"
         rows.append(("model", text + (f", {one_line(keras)}" if keras else "")))
-    if resumed := s.get("resumed_from"):
+    if (resumed := s.get("resumed_from")) and s.get("resumed") is None:  # a summary from before the resume record
         rows.append(("resumed", f"from {one_line(resumed.get('checkpoint'))}"))
     return rows
 
