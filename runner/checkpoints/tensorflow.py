@@ -29,13 +29,14 @@ class TensorFlowSaves(Format):
         saves: dict[str, list[str]] = {}
         shards: dict[str, tuple[set[int], set[int]]] = {}  # prefix -> (shards there, shard counts named)
         for key in unclaimed:
-            if key.endswith(INDEX):
-                saves.setdefault(key.removesuffix(INDEX), []).append(key)
-            elif match := DATA_RE.match(key):
+            if match := DATA_RE.match(key):
                 saves.setdefault(match["prefix"], []).append(key)
                 there, counts = shards.setdefault(match["prefix"], (set(), set()))
                 there.add(int(match["shard"]))
                 counts.add(int(match["count"]))
+        # An index joins its save's shards; one without any (a file of another kind named *.index) is not a save.
+        for prefix, keys in saves.items():
+            keys += [prefix + INDEX] if prefix + INDEX in unclaimed else []
         found = Found()
         directories = set()
         for prefix, keys in saves.items():

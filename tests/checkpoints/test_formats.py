@@ -141,6 +141,7 @@ def test_every_format_claims_its_own_and_restores_its_newest(keep: int) -> None:
         "tf/ckpt-5.data-00000-of-00001",
         "model-01.keras",
         "model-02.keras",
+        "faiss/vectors.index",  # an index of another kind, with no TensorFlow data beside it
     ]
     found = survey(Listing.of_keys(keys))
     claimed = [k for s in found.saved for k in s.keys] + [k for f in found.found.values() for k in f.shared]
@@ -153,6 +154,7 @@ def test_every_format_claims_its_own_and_restores_its_newest(keep: int) -> None:
         "tf/ckpt-5": "TensorFlow",
         "model-01.keras": "files",
         "model-02.keras": "files",
+        "faiss/vectors.index": "files",
     }
     restored = found.restore(keep)
     assert ("650/commit_success.txt" in restored) and (("640/commit_success.txt" in restored) == (keep == 2))
