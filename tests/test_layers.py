@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("launch",),
     ("worker",),
     ("train",),
+    ("checkpoints",),
     ("plan",),
     ("watch",),
     ("spec",),

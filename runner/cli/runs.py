@@ -57,6 +57,7 @@ def status(
                     "exits": [e.to_json() for e in snapshot.exits],
                     "artifacts": {key: f"{record.run_dir.rstrip('/')}/{key}" for key in sorted(view.present)},
                     "checkpoints": [c.to_json() for c in facts.checkpoints] if facts else [],
+                    "resumed": facts.resumed.to_json() if facts and facts.resumed else None,
                     "cost": facts.cost.to_json() if facts and facts.cost is not None else None,
                     "still_billing": record.still_billing,
                     "startup": (facts.startup if facts else startup([], [], ready="")).to_json(),

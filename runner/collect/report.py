@@ -4,8 +4,9 @@ browser with no network, from a laptop, a bucket or an e-mail.
 The page shows the spec, the timeline of phases (runner.collect.timeline: evidence only), preemptions and
 restarts, loss and accuracy per epoch (train and validation; a command's metrics.jsonl, else the epochs Keras
 printed to its log), examples/s, strategy and devices, final metrics (summary.json, or the summary derived from a
-command's metrics and log), every file under checkpoints/ (with what checkpoints/latest.json says of it), the
-startup breakdown and the cost (runner.collect.cost). Tables show numbers rounded; the JSON keeps them whole.
+command's metrics and log), every committed checkpoint under checkpoints/ (each read by its format:
+runner.checkpoints), the startup breakdown and the cost (runner.collect.cost). Tables show numbers rounded; the JSON
+keeps them whole.
 Every chart's <img> says in data-points how many points each of its series has; the page carries the report's data
 as JSON in <script id="report-data" type="application/json"> (what `runner report --json` prints).
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import backends, contract
+from runner.checkpoints.resumed import Resumed
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
 from runner.collect.summary import rounded
 from runner.errors import RunnerError, StorageError, UsageError
@@ -259,6 +261,8 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
         head_rows.insert(2, ("reason", one_line(data["reason"], 400)))
     if data["machines"] > 1 or data["preemptions"]:
         head_rows.append(("machines", f"{data['machines']} ({data['preemptions']} preemption(s))"))
+    if (resumed := Resumed.from_json(data.get("resumed"))) is not None:
+        head_rows.append(("resumed", one_line(resumed.row(), 300)))
     parts = [
         f"<h1>{_e(title)}</h1>",
         _table(head_rows),
@@ -297,17 +301,17 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
         rows = [
             [
                 c["file"],
-                "-" if c["epochs_done"] is None else str(c["epochs_done"]),
-                "-" if c["step"] is None else str(c["step"]),
+                c.get("format") or "files",
                 "-" if c["global_step"] is None else str(c["global_step"]),
+                "-" if c["epochs_done"] is None else str(c["epochs_done"]) + (f" +{c['step']}" if c["step"] else ""),
                 "-" if c["size"] is None else size_text(c["size"]),
                 _when(c["time"]),
             ]
             for c in data["checkpoints"]
         ]
-        parts.append(_grid(["file", "epochs done", "step", "global step", "size", "saved"], rows, {1, 2, 3, 4}))
+        parts.append(_grid(["checkpoint", "format", "step", "epochs done", "size", "saved"], rows, {2, 3, 4}))
     else:
-        parts.append('<p class="muted">none: nothing under checkpoints/</p>')
+        parts.append('<p class="muted">none committed under checkpoints/</p>')
     if data["trainer_lines"]:
         parts += ["<h2>The trainer's log lines</h2>", f"<pre>{_e(chr(10).join(data['trainer_lines']))}</pre>"]
     parts += ["<h2>Spec</h2>", f"<pre>{_e(data['spec_yaml'] or '(no spec.yaml)')}</pre>"]

@@ -110,7 +110,7 @@ def _trainer_rows(s: Summary) -> list[tuple[str, str]]:
         )
         text = f"{model} on {dataset} ({examples} train examples), {epochs} epochs"
         rows.append(("model", text + (f", {one_line(keras)}" if keras else "")))
-    if resumed := s.get("resumed_from"):
+    if (resumed := s.get("resumed_from")) and s.get("resumed") is None:  # a summary from before the resume record
         rows.append(("resumed", f"from {one_line(resumed.get('checkpoint'))}"))
     return rows
 
@@ -128,10 +128,14 @@ ARTIFACTS = (contract.METRICS, contract.CHECKPOINTS, contract.TENSORBOARD, contr
 
 
 def existing_artifacts(storage: Storage) -> set[str]:
-    """Which of ARTIFACTS the run directory holds (one listing): a custom command may write no metrics, no
-    checkpoints, no TensorBoard logs, and a run that never started has no log."""
-    keys = [info.key for info in storage.list("")]
-    return {a for a in ARTIFACTS if any(k == a or k.startswith(a + "/") for k in keys)}
+    """Which of ARTIFACTS the run directory holds (a listing of each, never of the whole run directory, which a job
+    may be rewriting): a custom command may write no metrics, no checkpoints, no TensorBoard logs, and a run that
+    never started has no log."""
+    return {a for a in ARTIFACTS if any(o.key == a or o.key.startswith(a + "/") for o in storage.list(_under(a)))}
+
+
+def _under(artifact: str) -> str:
+    return artifact if artifact == contract.METRICS else artifact + "/"
 
 
 def summary_rows(

@@ -36,6 +36,7 @@ from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, SpecError, StorageError, UsageError
 from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.launch.datacache import share_data
+from runner.lifecycle.failure import runner_failed
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
@@ -45,7 +46,7 @@ from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
-from runner.watch.follow import Sight, follow, tail_for
+from runner.watch.follow import Sight, fault, follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
@@ -351,6 +352,15 @@ class Run:
             raise _Retry
         return state
 
+    def _failed(self, exc: Exception, left_running: bool) -> RunnerError:
+        """A fault of this runner's own (runner.lifecycle.failure): said, with the job left running or stopped."""
+        what = fault(exc)
+        self.events.emit("runner_failed", error=what, job="left running" if left_running else "stopped")
+        if not left_running:
+            self.events.hold()
+            self.reason = f"the runner failed: {what}"
+        return runner_failed(self.plan.run_id, what, left_running=left_running)
+
     def _let_the_chief_save(self) -> None:
         """One slice of a multislice taken back: its hosts got the preemption notice, and through the workers'
         agreement (runner.train.agreement) every worker stops at one step, where the chief (worker 0) saves. Cloud
@@ -505,7 +515,11 @@ class Run:
                         left_running, self.state = True, RunState.STARTING
                         return Outcome(self.record, self.state, None, detached=True)
                     self.say("following the run; Ctrl-C stops it and tears everything down")
-                    verdict, self.snapshot = self.watch(handle)
+                    try:
+                        verdict, self.snapshot = self.watch(handle)
+                    except Exception as exc:  # a fault of this runner's own, not the job's: the job is left as it is
+                        left_running = not isinstance(exc, RunnerError | Interrupted)
+                        raise
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
                     except _Retry as retry:
@@ -532,6 +546,10 @@ class Run:
             self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             raise
+        except Exception as exc:
+            if isinstance(exc, RunnerError):
+                raise
+            raise self._failed(exc, left_running) from exc
         finally:
             try:
                 self.teardown(left_running)

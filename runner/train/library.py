@@ -43,7 +43,6 @@ from runner.train.checkpoints import (
     CheckpointStore,
     DataOrder,
     ResumeChooser,
-    describe,
     scratch_dir,
 )
 
@@ -195,8 +194,12 @@ def keras_callbacks(
 def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
     """One Keras callback that, at on_train_begin, resumes the fit and then hands every hook to the contract's
     callbacks, which need what fit knows only then (steps per epoch, the model's strategy)."""
+    from runner.checkpoints.resumed import EVENT as RESUMED
+    from runner.checkpoints.resumed import furthest_step
     from runner.train import seams
+    from runner.train.milestones import Milestones
     from runner.train.restore import TrainerError, restore_into
+    from runner.train.resume import start_from
 
     keras = cb.keras
     ctx = settings.ctx
@@ -226,24 +229,24 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                     resumed = restore_into(model, chooser, chooser.next_verified(), impl, framework, _say)
             except TrainerError as exc:  # a checkpoint that must not be skipped and cannot be loaded: stop here
                 _fail(str(exc))
-            position, global_step = (0, 0), 0
-            if resumed is not None:
-                ckpt = resumed.checkpoint
-                position, global_step = ckpt.position, ckpt.global_step or 0
-                _say(f"[runner] resumed from {resumed.name}: {describe(position, steps)} (global step {global_step})")
-                if ckpt.data is not None and ckpt.data != order and position[1]:
-                    _say(
-                        f"[runner] {resumed.name} was saved mid-epoch with other data ({ckpt.data.shuffle}, "
-                        f"{ckpt.data.steps_per_epoch} steps per epoch); epoch {position[0] + 1} starts over"
-                    )
-                    position = (position[0], 0)
-            elif chooser.found_any:
-                _say(f"[runner] no checkpoint verifies ({len(chooser.skipped)} skipped): starting from epoch 1")
+            start = start_from(
+                resumed,
+                steps=steps,
+                order=order,
+                optimizer_step=lambda: int(model.optimizer.iterations.numpy()),
+                found_any=chooser.found_any,
+                skipped=len(chooser.skipped),
+                say=_say,
+                prefix="[runner]",
+            )
+            position, global_step = start.position, start.global_step
             replay = seams.plan_replay(keras, data, position, steps)
             if not replay.exact and replay.start[1]:
                 _say(f"[runner] {replay.why}: epoch {position[0] + 1} goes on from step {position[1]} on other batches")
             elif not replay.exact:
-                _say(f"[runner] {replay.why}: epoch {position[0] + 1} starts over from its first step")
+                start = start.restart_epoch(_say, f"[runner] {replay.why}")
+            if chief and (said := start.announce(furthest_step(ctx.output_dir), _say, "[runner]")) is not None:
+                Milestones(ctx).emit(RESUMED, **said.to_json())
             chunk = getattr(model, "steps_per_execution", 1) or 1  # tf_keras: a variable
             chunk = int(chunk.numpy()) if hasattr(chunk, "numpy") else int(chunk)
             self.undo = seams.continue_at(model, keras, replay, chunk)

@@ -28,12 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import contract
+from runner.checkpoints.resumed import EVENT as RESUMED
+from runner.checkpoints.resumed import Resumed, furthest_step
 from runner.spec import TrainingSpec
 from runner.train import perf
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore_into
+from runner.train.resume import start_from
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
@@ -61,6 +64,7 @@ class Prepared:
     store: CheckpointStore
     data_order: DataOrder
     resumed: Candidate | None  # the checkpoint the model was restored from
+    resumption: Resumed | None  # where this attempt went on from, as said (None: a first attempt)
     initial_epoch: int  # epochs done when this process started
     initial_step: int  # steps of the next epoch done when this process started
     initial_global_step: int
@@ -77,37 +81,6 @@ class Prepared:
     @property
     def keras_impl(self) -> str:
         return self.engine.keras_impl
-
-
-def position(
-    resumed: Candidate | None, model: Any, steps: int, order: DataOrder, replayable: tuple[bool, str] = (True, "")
-) -> tuple[int, int, int]:
-    """(epochs done, steps of the next epoch, global step) to go on from, said in the log."""
-    if resumed is None:
-        return 0, 0, 0
-    ckpt = resumed.checkpoint
-    # Training steps taken, from the manifest when it says. The optimizer's own count can be lower: Keras 3's
-    # LossScaleOptimizer (mixed_float16) does not count the steps it skips for non-finite gradients.
-    global_step = int(model.optimizer.iterations.numpy()) if ckpt.global_step is None else ckpt.global_step
-    epochs_done, step = ckpt.position
-    if step == 0:
-        _say(f"[trainer] resumed from {resumed.name}: epoch {epochs_done} done, optimizer step {global_step}")
-        return epochs_done, step, global_step
-    _say(
-        f"[trainer] resumed from {resumed.name}: epoch {epochs_done + 1} step {step} of {steps} "
-        f"(global step {global_step})"
-    )
-    if step >= steps or (ckpt.data is not None and ckpt.data != order):
-        # The rest of that epoch would not be the batches its first part left out: start the epoch over instead.
-        _say(
-            f"[trainer] {resumed.name} was saved mid-epoch with another data order ({ckpt.data}, now {order}); "
-            f"epoch {epochs_done + 1} starts over from step 0"
-        )
-        step = 0
-    elif not replayable[0]:
-        _say(f"[trainer] the training data {replayable[1]}: epoch {epochs_done + 1} starts over from step 0")
-        step = 0
-    return epochs_done, step, global_step
 
 
 def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
@@ -209,10 +182,22 @@ def prepare(
         compile_model(model, cfg, keras, plan, data.labels)
         engine.after_build(model, plan)
         resumed = restore_into(model, chooser, first, engine.keras_impl, engine.framework, _say)
-    if resumed is None and chooser.found_any:
-        _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
-    replayable = (True, "") if not data.datasets else (train_data.replayable, train_data.why)
-    epochs_done, step, global_step = position(resumed, model, steps, order, replayable)
+    start = start_from(
+        resumed,
+        steps=steps,
+        order=order,
+        optimizer_step=lambda: int(model.optimizer.iterations.numpy()),
+        found_any=chooser.found_any,
+        skipped=len(chooser.skipped),
+        say=_say,
+        prefix="[trainer]",
+    )
+    if data.datasets and not train_data.replayable:
+        start = start.restart_epoch(_say, f"[trainer] the training data {train_data.why}")
+    resumption = start.announce(furthest_step(ctx.output_dir), _say, "[trainer]") if chief else None
+    if resumption is not None and milestones is not None:
+        milestones.emit(RESUMED, **resumption.to_json())
+    (epochs_done, step), global_step = start.position, start.global_step
     store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
     store.history = chooser.history_for(resumed) if chief else []
     from runner.train.callbacks import Cursor
@@ -234,6 +219,7 @@ def prepare(
         store=store,
         data_order=order,
         resumed=resumed,
+        resumption=resumption,
         initial_epoch=epochs_done,
         initial_step=step,
         initial_global_step=global_step,
@@ -352,6 +338,7 @@ def finish(run: Prepared) -> dict[str, Any]:
         if resumed
         else None,
         "resumed_from_epoch": run.initial_epoch or None,
+        "resumed": run.resumption.to_json() if run.resumption is not None else None,
         "test_accuracy": round(float(results["accuracy"]), 6),
         "test_loss": round(float(results["xent"]), 6),
         "train_examples": run.train_examples,

@@ -187,6 +187,7 @@ _SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "optimizer_iterations": int,
     "resumed_from": dict,
     "resumed_from_epoch": int,
+    "resumed": dict,  # where the attempt went on from (runner.checkpoints.resumed), derived summaries too
     "test_accuracy": float,
     "test_loss": float,
     "train_examples": int,

@@ -31,9 +31,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from runner import contract
+from runner.checkpoints import RESUMABLE, Listing, survey
+from runner.checkpoints.resumed import EVENT as RESUMED
+from runner.checkpoints.resumed import Resumed, furthest_step, latest, redone
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
-from runner.watch.events import EventLog, now
+from runner.watch.events import EventLog, now, read_events
 from runner.watch.logtext import LogCleaner
 from runner.watch.results import write_derived_summary
 from runner.watch.rundir import TRAINING_DONE, ExitRecord, Heartbeat, Progress
@@ -102,6 +105,7 @@ class Supervisor:
         self._output_bytes = 0
         self._progress: tuple[object, ...] | None = None
         self.progress_at = time.time()
+        self.resumed: dict[str, object] | None = None  # where a command job's attempt went on from (goes_on_from)
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -248,6 +252,44 @@ class Supervisor:
             )
         return pulled
 
+    def goes_on_from(self, events: EventLog) -> dict[str, object] | None:
+        """A command job's later attempt: where it goes on from, as the runner reads RUNNER_CHECKPOINT_DIR (the
+        newest committed checkpoint of a format a job resumes from by itself: an Orbax step, a TensorFlow save, a
+        BackupAndRestore backup), said in its log and as an event. keras_callbacks() says it itself, from the
+        checkpoint it loads."""
+        found = survey(Listing.of_directory(self.output / contract.CHECKPOINTS))
+        newest = found.newest(RESUMABLE)
+        if any(s.format == "Keras" for s in found.saved):
+            return None
+        if newest is None:
+            if not found.committed():
+                self.note(
+                    f"[runner] nothing in {contract.CHECKPOINT_DIR} to go on from: the job starts over, unless it "
+                    "keeps its checkpoints elsewhere"
+                )
+            return None
+        record = Resumed(
+            checkpoint=f"{contract.CHECKPOINTS}/{newest.path}",
+            step=newest.step,
+            redone=redone(furthest_step(self.output), newest.step),
+            format=newest.format,
+            epoch=newest.epochs_done,
+        )
+        self.note(f"[runner] {record.text()}: the newest committed checkpoint in {contract.CHECKPOINT_DIR}")
+        events.emit(RESUMED, **record.to_json())
+        return record.to_json()
+
+    def resumption(self) -> dict[str, object] | None:
+        """Where this attempt went on from, for summary.json: the supervisor's word, else keras_callbacks' (its
+        event, since this start)."""
+        if self.resumed is not None:
+            return self.resumed
+        try:
+            said = latest([e for e in read_events(self.local) if e.time >= self.started])
+        except Exception:  # a summary without it is better than none
+            return None
+        return said.to_json() if said is not None else None
+
     def note(self, line: str) -> None:
         """A line of the supervisor's own in the job's log (and on its output), where `runner logs` shows it."""
         print(line, flush=True)
@@ -266,7 +308,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         pulled = self.restore()
-        events = EventLog(self.local, f"worker-{self.worker}")
+        source = f"worker-{self.worker}"
+        earlier = (self.output / contract.events_key(source)).is_file()  # a later attempt (or a recreated machine)
+        events = EventLog(self.local, source)
         cmd = self.command()
         events.emit(
             "worker_started",
@@ -276,6 +320,8 @@ class Supervisor:
             command=cmd,
             restored=pulled,
         )
+        if earlier and self.worker == 0 and contract.COMMAND in self.environ:
+            self.resumed = self.goes_on_from(events)
         self.heartbeat("starting")
         self.push()
         log_file = self.output / contract.log_key(self.worker)
@@ -311,7 +357,7 @@ class Supervisor:
         ticker.join(5)
         if self.worker == 0:  # a job that wrote no summary.json gets one from its metrics and log (before the exit)
             try:
-                write_derived_summary(self.output)
+                write_derived_summary(self.output, resumed=self.resumption())
             except Exception as exc:  # the exit record matters more than a summary
                 print(f"[runner] warning: no summary derived: {exc}", file=sys.stderr, flush=True)
         return self.finish(events, proc.returncode, self.safety_stop)

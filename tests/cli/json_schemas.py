@@ -100,8 +100,27 @@ CHECKPOINT: Schema = _object(
         "global_step": {"type": ["integer", "null"]},
         "size": {"type": ["integer", "null"]},
         "time": MAYBE_NUMBER,
+        "format": {"type": "string", "enum": ["Keras", "Orbax", "TensorFlow", "BackupAndRestore", "files"]},
+        "files": {"type": "integer"},
+        "title": STRING,
     }
 )
+# where the current attempt went on from (runner.checkpoints.resumed); null on a first attempt
+RESUMED: Schema = {
+    "anyOf": [
+        {"type": "null"},
+        _object(
+            {
+                "checkpoint": MAYBE_STRING,
+                "step": {"type": ["integer", "null"]},
+                "redone": {"type": ["integer", "null"]},
+                "format": MAYBE_STRING,
+                "epoch": {"type": ["integer", "null"]},
+                "text": STRING,
+            }
+        ),
+    ]
+}
 EXIT: Schema = _object(
     {
         "worker": {"type": "integer"},
@@ -148,6 +167,7 @@ STATUS: Schema = _object(
         "exits": {"type": "array", "items": EXIT},
         "artifacts": {"type": "object", "additionalProperties": STRING},
         "checkpoints": {"type": "array", "items": CHECKPOINT},
+        "resumed": RESUMED,
         "cost": COST,
         "still_billing": MAYBE_STRING,
         "startup": STARTUP,
@@ -223,6 +243,7 @@ REPORT: Schema = _object(
             }
         ),
         "checkpoints": {"type": "array", "items": CHECKPOINT},
+        "resumed": RESUMED,
         "warnings": STRINGS,
         "generated_at": NUMBER,
         "charts": {"type": "array"},

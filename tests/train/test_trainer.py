@@ -97,11 +97,17 @@ def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path)
     perf_two = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert (perf_two["precision_source"], perf_two["dropout"]) == ("cached", kernel)
     assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
+    # Once per attempt, where it went on from and the steps trained again (the first attempt reached step 4).
+    said = "resumed from step 4 (Keras, checkpoints/ckpt-000001.keras); 0 steps redone"
+    assert f"[trainer] {said}" in second.stdout and "resumed from step" not in first.stdout
+    events = [json.loads(line) for line in (run / contract.events_key("trainer-0")).read_text().splitlines()]
+    assert [e["text"] for e in events if e["event"] == "resumed_from_checkpoint"] == [said]
     assert "Epoch 1/3" not in second.stdout
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert summary["resumed_from_epoch"] == 1
     assert summary["resumed_from"] == {"checkpoint": "ckpt-000001.keras", "epoch": 1, "step": 0}
+    assert (summary["resumed"]["step"], summary["resumed"]["redone"], summary["resumed"]["text"]) == (4, 0, said)
     assert (summary["global_step"], summary["steps_this_attempt"]) == (12, 8)
     assert len(summary["epoch_times_s"]) == 3
     # Real data, real learning: this slice reached 0.66, 0.76 and 0.70 with seeds 0-2 (the CNN, 12 steps of 128).
@@ -384,6 +390,7 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     ) in out
     assert re.search(r"\[trainer\] skipping ckpt-000002\.keras: (failed to load|it holds)", out), out[-3000:]
     assert "[trainer] resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in out
+    assert "[trainer] resumed from step 4 (Keras, checkpoints/ckpt-000001.keras); 8 steps redone" in out
     assert "Traceback" not in out
     summary = json.loads((torn / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"]) == (16, 12)
@@ -396,6 +403,7 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     assert scanned_run.returncode == 0, out[-3000:]
     assert "[trainer] checkpoints/latest.json is unreadable: not JSON" in out
     assert "[trainer] resumed from ckpt-000003.keras: epoch 3 done, optimizer step 12" in out
+    assert "[trainer] resumed from step 12 (Keras, checkpoints/ckpt-000003.keras); 0 steps redone" in out
     summary = json.loads((scanned / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"]) == (16, 4)
 
@@ -403,6 +411,7 @@ def test_resume_skips_checkpoints_that_do_not_verify_or_load(tmp_path: Path, mni
     assert lost_run.returncode == 0, out[-3000:]
     assert out.count("[trainer] skipping ckpt-") == 3
     assert "[trainer] no checkpoint verifies (3 skipped): starting over from epoch 1" in out
+    assert "[trainer] started over from step 0: no usable checkpoint; 12 steps redone" in out  # 3 epochs of 4 lost
     assert "Epoch 1/4 4/4" in out
     summary = json.loads((lost / contract.SUMMARY).read_text())
     assert (summary["global_step"], summary["steps_this_attempt"], summary["resumed_from"]) == (16, 16, None)
