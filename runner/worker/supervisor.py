@@ -45,6 +45,9 @@ TAIL_LINES = 30
 # Seconds of the stop grace kept for what follows the job's end: reaping it, the exit record, the last push to storage.
 FINISH_RESERVE_S = 5.0
 EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
+# First on the job's PYTHONPATH where the runner made its cluster: its sitecustomize.py lets a bare
+# jax.distributed.initialize() find that cluster (runner.train.jaxcluster).
+JOB_PATH = Path(__file__).with_name("jobpath")
 
 
 def _job_process() -> None:
@@ -114,6 +117,8 @@ class Supervisor:
         ctx = contract.JobContext.from_env({**env, contract.OUTPUT_DIR: str(self.output)})
         env.update(ctx.env())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if contract.cluster(env) is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB_PATH), env.get("PYTHONPATH")]))
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
