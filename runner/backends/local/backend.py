@@ -146,14 +146,19 @@ class LocalBackend(Backend[LocalHandle]):
         return MachineState.RUNNING if alive else MachineState.GONE
 
     def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them; then
-        whatever the job started outside those groups (a daemon: setsid, double forks), found by the session marker
-        every process of the run carries, and said."""
+        """Stop the container or every worker's process group and reap them: SIGTERM to every worker at the same
+        moment, as a preemption reaches every host (one after another, a job's collective save waited for a worker
+        not told yet), SIGKILL what is left after grace_s; then whatever the job started outside those groups (a
+        daemon: setsid, double forks), found by the session marker every process of the run carries, and said."""
         if handle.mode != "process":
             container.stop_container(handle.mode, handle.container_name, grace_s)
-        for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
-            if processes.process_alive(pid, ticks) or processes.group_alive(pid):
-                processes.stop_group(pid, grace_s)
+        groups = [  # each process leads its own group (pgid == pid)
+            pid
+            for pid, ticks in handle.processes()
+            if processes.process_alive(pid, ticks) or processes.group_alive(pid)
+        ]
+        processes.stop_groups(groups, grace_s)
+        for pid, _ticks in handle.processes():
             proc = self.procs.pop(pid, None)
             if proc is not None:
                 proc.wait()  # reap it: a stopped run leaves not even a zombie
