@@ -324,8 +324,8 @@ class Run:
             # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
             # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
             what = "the machine was preempted: recreating it"
-            if notice is not None:  # the job was stopped at the notice, before the machine's end
-                what = f"{NOTICES[notice]} (the job was stopped at once): recreating the machine"
+            if end.notice is not None:  # the job was stopped at the notice; the API shows the machine still
+                what = f"{NOTICES[end.notice]} (the job was stopped at once): recreating the machine"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions})")

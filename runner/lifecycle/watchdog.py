@@ -74,11 +74,13 @@ def stopped_reason(what: str, native: str, stop_command: str | None) -> str:
 @dataclass(frozen=True)
 class MachineEnd:
     """What the end of following a machine means, from one read of it: `taken_back` (preempted, or gone without
-    every worker's exit record: not the job's doing, so the machine is recreated), or `stopped` (why the run is lost:
-    the machine was stopped under it before every worker succeeded), or neither."""
+    every worker's exit record: not the job's doing, so the machine is recreated; `notice`: taken back on the
+    bootstrap's word alone, NOTICES' event, while the API still shows the machine), or `stopped` (why the run is
+    lost: the machine was stopped under it before every worker succeeded), or neither."""
 
     taken_back: bool = False
     stopped: str | None = None
+    notice: str | None = None
 
 
 def machine_end(
@@ -86,25 +88,30 @@ def machine_end(
 ) -> MachineEnd:
     """One read of the machine (an ephemeral one is never taken back or stopped under a run). A STOPPED machine's
     workers record `cancelled`: that is the stop's doing, not the job's end. A `notice` the bootstrap passed to the
-    job (NOTICES) takes the machine back unless every worker had succeeded: the job stopped for the machine's end,
-    whatever it exited with, and goes on on a new one."""
+    job (NOTICES) takes the machine back too unless every worker had succeeded: the job stopped for the machine's
+    end, whatever it exited with, and goes on on a new one."""
     if backend.ephemeral:
         return MachineEnd()
     complete = len(snapshot.exits) >= num_workers
-    if notice is not None and not (complete and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)):
-        return MachineEnd(taken_back=True)
+    noticed = notice if notice is not None and not (complete and all_succeeded(snapshot)) else None
     try:
         machine, native = backend.observe(handle)
     except RunnerError:
-        return MachineEnd(taken_back=verdict == Verdict.MACHINE_GONE)
+        return MachineEnd(taken_back=verdict == Verdict.MACHINE_GONE or noticed is not None, notice=noticed)
     if machine == MachineState.PREEMPTED or (
         machine == MachineState.GONE and not (complete and all(e.state != RunState.CANCELLED for e in snapshot.exits))
     ):
         return MachineEnd(taken_back=True)
-    succeeded = complete and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
+    if noticed is not None:
+        return MachineEnd(taken_back=True, notice=noticed)
+    succeeded = complete and all_succeeded(snapshot)
     if succeeded or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED) or native not in backend.stopped_states:
         return MachineEnd()
     return MachineEnd(stopped=stopped_reason(backend.describe_handle(handle), native, backend.stop_command))
+
+
+def all_succeeded(snapshot: Snapshot) -> bool:
+    return all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)

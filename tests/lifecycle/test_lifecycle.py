@@ -200,9 +200,13 @@ def test_a_notice_takes_the_machine_back_unless_every_worker_had_succeeded(tmp_p
     stopped = Snapshot([ExitRecord(0, RunState.CANCELLED, 0, now)], None, [], None)
     machine = Machine(MachineState.RUNNING, "READY")
     assert not machine_end(machine, None, Verdict.FINISHED, stopped, 1).taken_back  # type: ignore[arg-type]
-    assert machine_end(machine, None, Verdict.FINISHED, stopped, 1, "maintenance_notice").taken_back  # type: ignore[arg-type]
+    noticed = machine_end(machine, None, Verdict.FINISHED, stopped, 1, "maintenance_notice")  # type: ignore[arg-type]
+    assert noticed.taken_back and noticed.notice == "maintenance_notice"
     done = Snapshot([ExitRecord(0, RunState.SUCCEEDED, 0, now)], None, [], None)
     assert not machine_end(machine, None, Verdict.FINISHED, done, 1, "preemption_notice").taken_back  # type: ignore[arg-type]
+    preempted = Machine(MachineState.PREEMPTED, "PREEMPTED")  # the API's word, when it has one, says what happened
+    said = machine_end(preempted, None, Verdict.FINISHED, stopped, 1, "preemption_notice")  # type: ignore[arg-type]
+    assert said.taken_back and said.notice is None
 
 
 def test_a_worker_that_never_reports_is_lost_after_boot_timeout(tmp_path: Path) -> None:
