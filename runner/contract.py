@@ -43,6 +43,10 @@ STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
 TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
 WORKER_ID = "RUNNER_WORKER_ID"
 NUM_WORKERS = "RUNNER_NUM_WORKERS"  # every worker of every slice: worker ids are global across a multislice
+# host:port where process 0 (worker 0) serves the job's distributed coordinator, made afresh for every attempt;
+# set where no platform says it (local --workers, the emulated slices), never on a real TPU VM (JAX asks its
+# metadata server): see cluster()
+COORDINATOR_ADDRESS = "RUNNER_COORDINATOR_ADDRESS"
 HOSTS_PER_SLICE = "RUNNER_HOSTS_PER_SLICE"  # multislice only (its bootstrap sets it, with the MEGASCALE_* variables)
 COMMAND = "RUNNER_COMMAND"  # JSON list: the custom command; absent means the built-in trainer
 TRAINING = "RUNNER_TRAINING"  # JSON: the spec's training section, for the built-in trainer
@@ -54,7 +58,7 @@ MAX_RUNTIME_S = "RUNNER_MAX_RUNTIME_S"
 DEADLINE = "RUNNER_DEADLINE"  # unix time when the run must be over, across restarts after preemptions
 HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
 SYNC_S = "RUNNER_SYNC_S"
-GRACE_S = "RUNNER_GRACE_S"
+GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
 
@@ -99,6 +103,28 @@ def exit_key(worker: int) -> str:
 
 def checkpoint_name(epoch: int) -> str:
     return f"ckpt-{epoch:06d}.keras"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The job's processes as the runner set them up: where process 0 coordinates, how many there are, which one
+    this is (JAX's coordinator_address, num_processes and process_id)."""
+
+    coordinator: str
+    num_processes: int
+    process_id: int
+
+
+def cluster(environ: dict[str, str] | None = None) -> Cluster | None:
+    """The cluster the runner made for this attempt (RUNNER_COORDINATOR_ADDRESS, RUNNER_NUM_WORKERS,
+    RUNNER_WORKER_ID), read now; None where the runner made none: one process, or a real TPU slice, where JAX finds
+    its cluster itself (jax.distributed.initialize() with no arguments asks the metadata server). A bare
+    jax.distributed.initialize() reads this through the runner's ClusterEnv (runner.train.jaxcluster)."""
+    env = os.environ if environ is None else environ
+    coordinator = env.get(COORDINATOR_ADDRESS)
+    if not coordinator:
+        return None
+    return Cluster(coordinator, int(env.get(NUM_WORKERS) or 1), int(env.get(WORKER_ID) or 0))
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ clock_skew fault), that clock: its skew, and the sitecustomize that applies it t
 --privileged and the like are accepted and have no effect: there is no isolation to configure.
 
 On a multi-host node (and on every slice of a multislice) the container also gets what JAX's Cloud TPU cluster
-detection would find on the VM (`jax_cluster_env`), as the KERAS_DISTRIBUTION_* variables keras.distribution
-.initialize() reads: so the JAX engine's processes on the emulated hosts form one jax.distributed cluster.
+detection would find on the VM (`jax_cluster_env`), as the runner's RUNNER_COORDINATOR_ADDRESS (which a bare
+jax.distributed.initialize() reads through the runner's cluster, runner.train.jaxcluster) and the
+KERAS_DISTRIBUTION_* variables keras.distribution.initialize() reads: so the JAX processes on the emulated hosts
+form one jax.distributed cluster.
 
 `pull` asks the emulator ($RUNNER_TPU_API/_emulator/images) whether the image "exists", so the missing-image
 fault makes it fail as Docker does; `run` asks it ($RUNNER_TPU_API/_emulator/container-env) which variables to leave
@@ -35,6 +37,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from runner import contract
 from runner.backends import container
 from runner.errors import RunnerError
 from runner.launch import deps
@@ -124,13 +127,14 @@ def _metadata(key: str) -> str:
 
 
 def jax_cluster_env() -> dict[str, str]:
-    """JAX's cluster on a multi-host slice or a multislice, as keras.distribution.initialize() reads it from the
-    environment. On a Cloud TPU VM, jax.distributed.initialize() finds it by itself (jax/_src/clusters/
-    cloud_tpu_cluster.py): the process count is the hosts per slice (tpu-env WORKER_HOSTNAMES) times
+    """JAX's cluster on a multi-host slice or a multislice, as the runner's cluster and keras.distribution
+    .initialize() read it from the environment. On a Cloud TPU VM, jax.distributed.initialize() finds it by itself
+    (jax/_src/clusters/cloud_tpu_cluster.py): the process count is the hosts per slice (tpu-env WORKER_HOSTNAMES) times
     MEGASCALE_NUM_SLICES, the process id MEGASCALE_SLICE_ID x hosts + agent-worker-number, the coordinator process
     0's host. It looks only where there are TPU chips, which an emulated VM has not, so the same facts are read here
     from the same metadata; the coordinator's address is the one the emulator reserved for the node's cluster
-    (vm.COORDINATOR: every emulated host is this machine). {} for a single host or without an emulator."""
+    (vm.COORDINATOR, reserved afresh for every boot: every emulated host is this machine). {} for a single host or
+    without an emulator."""
     coordinator = os.environ.get(COORDINATOR)
     if not coordinator or not os.environ.get("RUNNER_METADATA_URL"):
         return {}
@@ -147,6 +151,7 @@ def jax_cluster_env() -> dict[str, str]:
     slices = int(tpu_env.get("MEGASCALE_NUM_SLICES") or 1)
     slice_id = int(tpu_env.get("MEGASCALE_SLICE_ID") or 0)
     return {
+        contract.COORDINATOR_ADDRESS: coordinator,
         "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
         "KERAS_DISTRIBUTION_NUM_PROCESSES": str(hosts * slices),
         "KERAS_DISTRIBUTION_PROCESS_ID": str(slice_id * hosts + host),

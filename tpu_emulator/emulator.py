@@ -453,6 +453,16 @@ class TpuEmulator:
             self.cloud.maintain(name, state, seconds)
         return name
 
+    def maintenance_notice(self, node: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> str:
+        """The node's VMs read `event` at instance/maintenance-event from now on (NONE takes the notice back): the
+        notice of a maintenance to come, which a VM's bootstrap acts on. The node itself goes on. Returns its full
+        name."""
+        with self.cloud.lock:
+            self.cloud.settle()
+            name = self._resolve(node)
+            self.cloud.get_node(name).maintenance_event = event
+        return name
+
     # -- dispatch -----------------------------------------------------------------------------------------------
 
     def _manifest(self, name: str, tag: str) -> Response:
@@ -489,19 +499,24 @@ class TpuEmulator:
         match = _VM_PATH.match(request.path)
         if match:
             project, zone, node_id, worker, rest = match.groups()
-            with self.cloud.lock:
-                self.cloud.settle()
-                node = self.cloud.nodes.get(f"projects/{project}/locations/{zone}/nodes/{node_id}")
-                hostnames = [self.launcher.hostname(project, zone, node_id, w) for w in (node.workers if node else [])]
-                status, kind, body = metadata.serve(
-                    node,
-                    int(worker),
-                    hostnames,
-                    rest or "",
-                    dict(request.query),
-                    request.headers.get("metadata-flavor"),
-                )
-            return Response(status, body, kind, {"Metadata-Flavor": "Google"})
+
+            def read() -> metadata.Answer:
+                with self.cloud.lock:
+                    self.cloud.settle()
+                    node = self.cloud.nodes.get(f"projects/{project}/locations/{zone}/nodes/{node_id}")
+                    workers = node.workers if node else []
+                    hostnames = [self.launcher.hostname(project, zone, node_id, w) for w in workers]
+                    return metadata.serve(
+                        node,
+                        int(worker),
+                        hostnames,
+                        rest or "",
+                        dict(request.query),
+                        request.headers.get("metadata-flavor"),
+                    )
+
+            status, kind, body = metadata.wait_for_change(read, request.query)  # the lock is not held while waiting
+            return Response(status, body, kind, {"Metadata-Flavor": "Google", "ETag": metadata.etag(body)})
         if request.path == "/":
             return Response.json(
                 {

@@ -26,6 +26,7 @@ DELETE_ON_EXIT='never'
 DEADLINE='0'
 CONTAINER='tpu-runner-job'
 SAFETY_STOP='124'
+STOP_S='87'
 JOB_ENV_B64=''
 # --- end values ---
 
@@ -203,7 +204,8 @@ if [ "$JOB_WORKERS" != all ] && [ "$WORKER" != "$JOB_WORKERS" ]; then
 fi
 
 printf '%s' "$JOB_ENV_B64" | base64 -d >"${WORKDIR}/job.env"
-printf 'RUNNER_WORKER_ID=%s\n' "$WORKER" >>"${WORKDIR}/job.env"
+# The supervisor's stop grace agrees with the container's: the platform's grace, less what this script needs after.
+printf 'RUNNER_WORKER_ID=%s\nRUNNER_GRACE_S=%s\n' "$WORKER" "$STOP_S" >>"${WORKDIR}/job.env"
 if [ "$SLICES" -gt 1 ]; then
   # What a multislice job needs to join the slices, as Cloud TPU sets it in tpu-env (JAX reads these names from the
   # environment first, then from tpu-env: jax/_src/clusters/cloud_tpu_cluster.py; the same four are what GKE
@@ -240,9 +242,11 @@ if [ -z "$pulled" ]; then
 fi
 
 # --privileged: the container opens the TPU chips (/dev/accel*, /dev/vfio); --net=host: the hosts of a pod slice
-# reach each other and the metadata server as the VM does.
+# reach each other and the metadata server as the VM does; --stop-timeout: whoever stops the container (this script,
+# or Docker itself as the VM shuts down) gives the job the platform's grace (STOP_S), not Docker's default 10 s.
 event container_started
-docker run --rm --name "$CONTAINER" --privileged --net=host --env-file "${WORKDIR}/job.env" "$IMAGE" &
+docker run --rm --name "$CONTAINER" --privileged --net=host --stop-timeout "$STOP_S" --env-file "${WORKDIR}/job.env" \
+  "$IMAGE" &
 child=$!
 
 # The job stops itself at its deadline; if it cannot (hung, its supervisor gone), this backstop stops it 5 minutes
@@ -256,15 +260,51 @@ set -m
   sleep "$delay" &&
     touch "${WORKDIR}/watchdog-fired" &&
     log "the run's deadline passed 5 minutes ago: stopping the container" &&
-    docker stop --time 25 "$CONTAINER" >/dev/null 2>&1
+    docker stop --time "$STOP_S" "$CONTAINER" >/dev/null 2>&1
 ) &
 watchdog=$!
 set +m
 
-# A shutdown (preemption, maintenance) sends SIGTERM: stop the container so that the job records its state, and
-# leave the node alone: it is not the job's end, and the runner decides (recreate after a preemption, or delete).
+# A shutdown (preemption, maintenance, the node deleted) sends SIGTERM, and so does a notice of one (below): stop the
+# container so that the job saves and records its state, and leave the node alone: it is not the job's end, and the
+# runner decides (recreate after a preemption, or delete).
 shutdown=""
-trap 'shutdown=1; docker stop --time 25 "$CONTAINER" >/dev/null 2>&1' TERM INT
+trap '[ -n "$shutdown" ] || { shutdown=1; docker stop --time "$STOP_S" "$CONTAINER" >/dev/null 2>&1; }' TERM INT
+
+# notice KEY PATTERN EVENT: watch instance/KEY on the metadata server until its value matches PATTERN, then stop the
+# job at once (SIGTERM to this script) and record EVENT. The platform's grace runs from the notice (a Spot VM is
+# powered off 30 s after instance/preempted turns TRUE), so the job hears of it now, not when the shutdown reaches
+# this script. wait_for_change with the value's ETag: the server answers when the value changes, and a change
+# between two requests is answered at once. A key the server does not have (404) is not watched.
+notice() {
+  local etag=none code value
+  while :; do
+    code="$(curl -s -o "${WORKDIR}/$3.value" -D "${WORKDIR}/$3.headers" -w '%{http_code}' \
+      -H 'Metadata-Flavor: Google' "${METADATA_URL}/instance/$1?wait_for_change=true&timeout_sec=300&last_etag=${etag}")"
+    case "$code" in
+      200) ;;
+      404) log "the metadata server has no instance/$1: not watched"; return ;;
+      *) sleep 5; continue ;;
+    esac
+    value="$(cat "${WORKDIR}/$3.value")"
+    # shellcheck disable=SC2254  # PATTERN is a pattern
+    case "$value" in $2) break ;; esac
+    etag="$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([0-9A-Za-z_-]*\).*/\1/p' "${WORKDIR}/$3.headers")"
+    sleep 1  # a server that answers at once (no wait_for_change) is not asked in a busy loop
+  done
+  log "instance/$1 is ${value}: stopping the job, with ${STOP_S}s to save"
+  kill -TERM "$$"
+  local value_json
+  json_str value_json "$value"
+  event "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
+}
+notices=()
+set -m
+notice preempted TRUE preemption_notice &
+notices+=("$!")
+notice maintenance-event 'TERMINATE*' maintenance_notice &
+notices+=("$!")
+set +m
 rc=0
 wait "$child" || rc=$?
 while kill -0 "$child" 2>/dev/null; do
@@ -272,6 +312,7 @@ while kill -0 "$child" 2>/dev/null; do
   wait "$child" || rc=$?
 done
 kill -- -"$watchdog" 2>/dev/null
+for pid in "${notices[@]}"; do kill -- -"$pid" 2>/dev/null; done
 [ -e "${WORKDIR}/watchdog-fired" ] && rc="$SAFETY_STOP"
 event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
 found=0

@@ -40,7 +40,7 @@ from runner.lifecycle.failure import runner_failed
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog, machine_end
+from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.timings import Timings
@@ -130,6 +130,7 @@ class Run:
         self.since: float | None = None  # the storage's time when this attempt's machine was asked for
         self.preemptions = self.failures = self.silent_boots = 0
         self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
+        self.watchdog: Watchdog | None = None  # the current attempt's
 
     # -- record ---------------------------------------------------------------------------------------------------
 
@@ -205,9 +206,11 @@ class Run:
             handle,
             status_every_s=self.status_every_s,
             stale_s=self.stale_s,
+            stop_grace_s=self.grace_s,
             sight=self.sight,
             say=self.say,
         )
+        self.watchdog = dog
         verdict: list[Verdict] = []
 
         def on_event(event: Event) -> None:
@@ -307,7 +310,8 @@ class Run:
                 raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
-        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers)
+        notice = self.watchdog.notice if self.watchdog is not None else None
+        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers, notice)
         if end.taken_back:
             if self.preemptions >= retries.preemptions:
                 self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
@@ -321,6 +325,8 @@ class Run:
             # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
             # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
             what = "the machine was preempted: recreating it"
+            if end.notice is not None:  # the job was stopped at the notice; the API shows the machine still
+                what = f"{NOTICES[end.notice]} (the job was stopped at once): recreating the machine"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions})")

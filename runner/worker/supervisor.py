@@ -40,7 +40,7 @@ from runner.watch.events import EventLog, now, read_events
 from runner.watch.logtext import LogCleaner
 from runner.watch.results import write_derived_summary
 from runner.watch.rundir import TRAINING_DONE, ExitRecord, Heartbeat, Progress
-from runner.watch.state import RunState
+from runner.watch.state import STOP_EXIT_CODES, RunState
 from runner.worker import processes
 from runner.worker.mirror import Mirror, checkpoint_keep
 
@@ -48,6 +48,9 @@ TAIL_LINES = 30
 # Seconds of the stop grace kept for what follows the job's end: reaping it, the exit record, the last push to storage.
 FINISH_RESERVE_S = 5.0
 EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
+# First on the job's PYTHONPATH where the runner made its cluster: its sitecustomize.py lets a bare
+# jax.distributed.initialize() find that cluster (runner.train.jaxcluster).
+JOB_PATH = Path(__file__).with_name("jobpath")
 
 
 def _job_process() -> None:
@@ -118,6 +121,8 @@ class Supervisor:
         ctx = contract.JobContext.from_env({**env, contract.OUTPUT_DIR: str(self.output)})
         env.update(ctx.env())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if contract.cluster(env) is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB_PATH), env.get("PYTHONPATH")]))
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
@@ -347,6 +352,9 @@ class Supervisor:
             if self.stop_reason is None:
                 self._check_safety_nets()
             if self.stop_reason:
+                # Said before the job is stopped: on a pod slice, a peer that the stop reaches first through the
+                # job itself (JAX's preemption sync) may end before its own supervisor hears of it.
+                events.emit("stopping", reason=self.stop_reason)
                 self._stop(proc)
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -375,7 +383,17 @@ class Supervisor:
         else:
             code = EXIT_SAFETY_STOP if self.safety_stop else code
             state = RunState(self.stop_reason or "failed")
-        record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail))
+        # A stop's exit code with no stop from here: on a pod slice, the stop the job's peers agreed on reached it
+        # first. Recorded as such; the run counts it as stopped only while another worker was (worker_states).
+        workers = int(self.environ.get(contract.NUM_WORKERS) or 1)
+        peer_stop = self.stop_reason is None and code in STOP_EXIT_CODES and workers > 1
+        if peer_stop:
+            state = RunState.CANCELLED
+            error = error or (
+                f"the job ended on a stop (exit code {code}) that its supervisor did not send: a stop its peers "
+                "agreed on (JAX's preemption sync), or a signal sent to the job itself"
+            )
+        record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail), peer_stop)
         self.local.write_bytes(contract.exit_key(self.worker), json.dumps(record.to_json(), indent=1).encode())
         events.emit("worker_exited", state=str(state), exit_code=code)
         self.heartbeat("exited")

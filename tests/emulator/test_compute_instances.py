@@ -193,6 +193,7 @@ def test_the_vm_runs_the_startup_script_with_a_compute_engine_metadata_server(
         'curl -s -H "Metadata-Flavor: Google" "$RUNNER_METADATA_URL/instance/name"; echo;'
         'curl -s -H "Metadata-Flavor: Google" "$RUNNER_METADATA_URL/instance/scheduling/provisioning-model"; echo;'
         'curl -s -H "Metadata-Flavor: Google" "$RUNNER_METADATA_URL/instance/preempted"; echo;'
+        'curl -s -H "Metadata-Flavor: Google" "$RUNNER_METADATA_URL/instance/maintenance-event"; echo;'
         'curl -s -H "Metadata-Flavor: Google" "$RUNNER_METADATA_URL/instance/attributes/?recursive=true"; echo;'
         'curl -s -o /dev/null -w "%{http_code}\\n" "$RUNNER_METADATA_URL/instance/name"; echo "api=$RUNNER_COMPUTE_API"'
     )
@@ -205,10 +206,10 @@ def test_the_vm_runs_the_startup_script_with_a_compute_engine_metadata_server(
     assert info is not None and info.vm is not None
     wait_for(lambda: f"api={emulator.endpoint}" in info.console_log.read_text())
     lines = info.console_log.read_text().splitlines()
-    assert lines[1:4] == ["meta", "SPOT", "FALSE"]
-    attributes = json.loads(lines[4])
+    assert lines[1:5] == ["meta", "SPOT", "FALSE", "NONE"]
+    attributes = json.loads(lines[5])
     assert attributes["startup-script"] == script and attributes["agent-worker-number"] == "0"
-    assert lines[5] == "403"  # without Metadata-Flavor: Google, as the real server answers
+    assert lines[6] == "403"  # without Metadata-Flavor: Google, as the real server answers
 
 
 def test_a_vm_deletes_its_own_instance_through_the_api(emulator: TpuEmulator, gce: Clients) -> None:

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -183,6 +184,22 @@ def test_multi_host_runs_the_script_on_every_worker(client: tpu_v2.TpuClient, tp
     assert len({vm.pid for vm in node.vms}) == 4
 
 
+def test_a_recreated_slice_never_gets_the_old_jax_coordinator(quick_emulator: TpuEmulator) -> None:
+    """The hosts of one boot share the coordinator address the docker shim gives JAX (RUNNER_COORDINATOR_ADDRESS);
+    the same node recreated (after a preemption) gets another one."""
+    client = tpu_client(quick_emulator)
+    script = 'echo "$RUNNER_EMULATOR_COORDINATOR" > coordinator\nsleep 600\n'
+    seen = []
+    for _boot in range(2):
+        name = boot(client, "pod", script, accelerator="v4-16")
+        node = quick_emulator.node(name)
+        assert node is not None and len(node.vms) == 2
+        (coordinator,) = {wait_file(vm.directory / "coordinator").strip() for vm in node.vms}
+        seen.append(coordinator)
+        client.delete_node(name=name).result(polling=FAST)
+    assert seen[0].startswith("127.0.0.1:") and seen[1] != seen[0]
+
+
 def test_a_vm_deletes_its_own_node(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
     script = MD + (
         "until [ -e go ]; do sleep 0.05; done\n"  # until the test has looked at the VM
@@ -231,6 +248,52 @@ def test_preemption_terms_the_vm(quick_emulator: TpuEmulator) -> None:
     assert (vm.directory / "term").read_text().strip() == "got SIGTERM"
     assert not processes.process_alive(vm.pid)
     assert quick_emulator.node(name).vms == ()  # type: ignore[union-attr]
+
+
+def test_a_preemption_says_so_on_the_metadata_server_before_the_soft_off(quick_emulator: TpuEmulator) -> None:
+    """instance/preempted turns TRUE before the VM's processes get SIGTERM, as on Compute Engine: what a VM reads
+    in its SIGTERM trap already says why."""
+    client = tpu_client(quick_emulator)
+    script = MD + (
+        "trap 'md instance/preempted > at-term; exit 0' TERM\n"
+        "md instance/preempted > before; md instance/maintenance-event > maintenance\n"
+        "echo up > up\nwhile true; do sleep 0.1; done\n"
+    )
+    name = boot(client, "spot", script, scheduling_config={"spot": True})
+    vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
+    wait_file(vm.directory / "up")
+    assert (vm.directory / "before").read_text() == "FALSE"
+    assert (vm.directory / "maintenance").read_text() == "NONE"
+    quick_emulator.preempt("spot")
+    assert (vm.directory / "at-term").read_text() == "TRUE"
+
+
+def metadata_get(url: str, query: str = "") -> tuple[str, str]:
+    """(value, ETag) of one metadata request, as a VM makes it."""
+    request = urllib.request.Request(url + query, headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.read().decode(), answer.headers["ETag"]
+
+
+def test_a_wait_for_change_request_is_answered_when_the_value_changes(quick_emulator: TpuEmulator) -> None:
+    """?wait_for_change=true as the real server holds it: until the value (and its ETag) changes; at once when
+    last_etag names an ETag the value no longer has; with timeout_sec, the value as it is once that has passed."""
+    client = tpu_client(quick_emulator)
+    boot(client, "maint", "sleep 600\n")
+    url = f"{quick_emulator.endpoint}/_vm/{PROJECT}/{ZONE}/maint/0/computeMetadata/v1/instance/maintenance-event"
+    value, tag = metadata_get(url)
+    assert value == "NONE" and tag
+    assert metadata_get(url, "?wait_for_change=true&last_etag=older") == (value, tag)  # a change not yet seen
+    assert metadata_get(url, f"?wait_for_change=true&last_etag={tag}&timeout_sec=0.2") == (value, tag)
+    answers: list[tuple[str, str]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(metadata_get(url, f"?wait_for_change=true&last_etag={tag}"))
+    )
+    waiting.start()  # held, or, if it comes after the notice, answered at once: its last_etag is the old value's
+    quick_emulator.maintenance_notice("maint")
+    waiting.join(60)
+    ((changed, new_tag),) = answers
+    assert changed == "TERMINATE_ON_HOST_MAINTENANCE" and new_tag != tag
 
 
 def test_missing_image_makes_pull_and_run_fail(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:

@@ -6,10 +6,12 @@ strategy resolution inside falls back to GPU or CPU, so the same job runs unchan
 With `--workers N` (the multi-worker rehearsal) it starts N entrypoint processes, one per "host" of a pod slice:
 each with its RUNNER_WORKER_ID, writing its own logs/worker-N.log, heartbeat and exit record into the one run
 directory, so the runner's pod-slice logic (per-worker verdicts, prefixed logs) applies unchanged. Each also gets
-the addresses of the others, picked free on 127.0.0.1 at launch: TF_CONFIG for TensorFlow's
-MultiWorkerMirroredStrategy (tensorflow.org/tutorials/distribute/multi_worker_with_keras) and
-KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID for keras.distribution.initialize(), which
-connects the JAX processes (jax.distributed; on the CPU over gloo, JAX's default CPU collectives).
+the addresses of the others, picked free on 127.0.0.1 at every launch (every attempt has its own): TF_CONFIG for
+TensorFlow's MultiWorkerMirroredStrategy (tensorflow.org/tutorials/distribute/multi_worker_with_keras),
+RUNNER_COORDINATOR_ADDRESS, which a bare jax.distributed.initialize() reads through the runner's cluster
+(runner.train.jaxcluster), and KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID for
+keras.distribution.initialize(): both connect the JAX processes (on the CPU over gloo, JAX's default CPU
+collectives). A stop reaches every worker at the same moment, as a preemption reaches every host of a slice.
 """
 
 from __future__ import annotations
@@ -144,14 +146,19 @@ class LocalBackend(Backend[LocalHandle]):
         return MachineState.RUNNING if alive else MachineState.GONE
 
     def teardown(self, handle: LocalHandle, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
-        """Stop the container or every worker's process group (SIGTERM, SIGKILL after grace_s) and reap them; then
-        whatever the job started outside those groups (a daemon: setsid, double forks), found by the session marker
-        every process of the run carries, and said."""
+        """Stop the container or every worker's process group and reap them: SIGTERM to every worker at the same
+        moment, as a preemption reaches every host (one after another, a job's collective save waited for a worker
+        not told yet), SIGKILL what is left after grace_s; then whatever the job started outside those groups (a
+        daemon: setsid, double forks), found by the session marker every process of the run carries, and said."""
         if handle.mode != "process":
             container.stop_container(handle.mode, handle.container_name, grace_s)
-        for pid, ticks in handle.processes():  # each process leads its own group (pgid == pid)
-            if processes.process_alive(pid, ticks) or processes.group_alive(pid):
-                processes.stop_group(pid, grace_s)
+        groups = [  # each process leads its own group (pgid == pid)
+            pid
+            for pid, ticks in handle.processes()
+            if processes.process_alive(pid, ticks) or processes.group_alive(pid)
+        ]
+        processes.stop_groups(groups, grace_s)
+        for pid, _ticks in handle.processes():
             proc = self.procs.pop(pid, None)
             if proc is not None:
                 proc.wait()  # reap it: a stopped run leaves not even a zombie
@@ -177,8 +184,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 def worker_envs(workers: int) -> list[dict[str, str]]:
     """What each of `workers` local processes adds to the job's environment: nothing for one; for several, its
-    worker id and the cluster's addresses (TF_CONFIG, and keras.distribution's for JAX), worker 0 the chief and the
-    JAX coordinator."""
+    worker id and the cluster's addresses (TF_CONFIG, the runner's coordinator, and keras.distribution's for JAX),
+    worker 0 the chief and the JAX coordinator. Fresh ports every call: a retry or a resume never meets the old
+    coordinator."""
     if workers <= 1:
         return [{}]
     ports = free_ports(workers + 1)
@@ -189,6 +197,7 @@ def worker_envs(workers: int) -> list[dict[str, str]]:
             contract.WORKER_ID: str(worker),
             contract.NUM_WORKERS: str(workers),
             "TF_CONFIG": json.dumps({"cluster": {"worker": tf_hosts}, "task": {"type": "worker", "index": worker}}),
+            contract.COORDINATOR_ADDRESS: coordinator,
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
             "KERAS_DISTRIBUTION_NUM_PROCESSES": str(workers),
             "KERAS_DISTRIBUTION_PROCESS_ID": str(worker),
