@@ -51,6 +51,8 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "CONTAINER": contract.JOB_CONTAINER,
         "SAFETY_STOP": str(contract.EXIT_SAFETY_STOP),
         "JOB_ENV_B64": base64.b64encode(env_file(plan.env).encode()).decode(),
+        # "NAME AS VERSION" lines: references only; the VM reads the values with its own service account.
+        "SECRETS": "".join(f"{s.name} {s.mode} {s.source}\n" for s in plan.secrets if s.secret_manager),
     }
 
 
