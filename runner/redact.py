@@ -31,16 +31,13 @@ def forms(value: bytes) -> list[bytes]:
 
 
 class Redactor:
-    """Replaces known values in a byte stream (feed, then flush at its end), or in one text (`text`)."""
+    """Replaces known values in a byte stream: feed each read, then flush at its end."""
 
     def __init__(self, values: dict[str, bytes]) -> None:
         pairs = {form: f"[redacted {name}]".encode() for name, value in values.items() for form in forms(value)}
         # Longest first: a value that contains another is replaced whole.
         self._pairs = sorted(pairs.items(), key=lambda p: -len(p[0]))
         self._held = b""
-
-    def __bool__(self) -> bool:
-        return bool(self._pairs)
 
     def _replace(self, data: bytes) -> bytes:
         for value, mark in self._pairs:
@@ -70,9 +67,6 @@ class Redactor:
         """What was held back, at the end of the stream (it turned out not to be a value)."""
         data, self._held = self._held, b""
         return data
-
-    def text(self, value: str) -> str:
-        return self._replace(value.encode()).decode(errors="replace") if self._pairs else value
 
 
 def job_secrets(environ: Mapping[str, str]) -> dict[str, bytes]:

@@ -298,9 +298,10 @@ fetch_secret() {
 
 # fetch_secrets: every secret of SECRETS, before the container starts.
 fetch_secrets() {
-  local base="${SECRETS_DIR%/*}" fs name as version names="" name_json gid=61000
+  local base="${SECRETS_DIR%/*}" fs name as version names="" gid=61000 mask
   [ -n "$SECRETS" ] || return 0
   { set +x; } 2>/dev/null
+  mask="$(umask)"
   umask 077
   mkdir -p "$base"
   fs="$(stat -f -c %T "$base" 2>/dev/null)"
@@ -328,6 +329,7 @@ fetch_secrets() {
   if [ -n "$SECRETS_GID" ] && grep -q ' file ' <<<"$SECRETS"; then
     SECRET_ARGS+=(--group-add "$SECRETS_GID")
   fi
+  umask "$mask"
   event secrets_read "\"secrets\": [${names}]"
 }
 # --- end secrets --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
-from runner.spec.secrets import SecretSpec, secrets_map
+from runner.spec.secrets import SecretSpec, map_schema, secrets_map
 from runner.storage import GCS_RE
 
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
@@ -426,6 +426,7 @@ class JobSpec(_Model):
         "Manager version, read on the TPU VM with the VM's service account; for --local runs also env:VARIABLE or "
         "file:PATH of this machine), never the value: `WANDB_API_KEY: wandb/versions/latest`, or "
         "`{ref: ..., as: file}` for a file. Values are replaced in the job's logs.",
+        json_schema_extra=map_schema,
     )
     storage: str = Field(
         ".",

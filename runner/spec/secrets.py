@@ -33,6 +33,11 @@ FULL_RE = re.compile(
 SHORT_RE = re.compile(rf"^(?P<secret>{_SECRET_ID})/versions/(?P<version>{_VERSION})$")
 ENV_RE = re.compile(r"^env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 FILE_PREFIX = "file:"
+# Every form at once, for the JSON Schema (an editor marks a value that is no reference as it is typed).
+REF_PATTERN = (
+    rf"^(projects/({_PROJECT})/secrets/{_SECRET_ID}(/versions/({_VERSION}))?|{_SECRET_ID}/versions/({_VERSION})"
+    r"|env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$"
+)
 # The words of an `env:` key that make it look like a secret (WANDB_API_KEY, HF_TOKEN, DB_PASSWORD).
 SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "APIKEY", "CREDENTIALS")
 FORMS = (
@@ -89,7 +94,10 @@ class SecretSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    ref: str = Field(description=f"Where the secret is kept: {FORMS}. Never the value itself.")
+    ref: str = Field(
+        description=f"Where the secret is kept: {FORMS}. Never the value itself.",
+        json_schema_extra={"pattern": REF_PATTERN},
+    )
     as_: Literal["env", "file"] = Field(
         "env",
         alias="as",
@@ -108,6 +116,14 @@ class SecretSpec(BaseModel):
     @property
     def reference(self) -> SecretRef:
         return parse_ref(self.ref)
+
+
+def map_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of the `secrets:` map: each entry a reference alone, or a SecretSpec (as secrets_map reads
+    the first as the second)."""
+    schema["additionalProperties"] = {
+        "anyOf": [{"type": "string", "pattern": REF_PATTERN}, schema["additionalProperties"]]
+    }
 
 
 def secrets_map(value: Any) -> Any:

@@ -31,8 +31,11 @@ key = open(path, "rb").read()
 info = os.stat(path)
 print("the token is", token.decode(), flush=True)
 print("the key file says:", key.decode(), flush=True)
+password = os.environ.get("DB_PASSWORD", "").encode()
+print("and the password:", password.decode(), flush=True)
 with open(os.path.join(os.environ["RUNNER_OUTPUT_DIR"], "got.json"), "w") as out:
     json.dump({"token": hashlib.sha256(token).hexdigest(), "key": hashlib.sha256(key).hexdigest(),
+               "password": hashlib.sha256(password).hexdigest(),
                "mode": oct(stat.S_IMODE(info.st_mode)), "names": os.environ["RUNNER_SECRETS"]}, out)
 """
 
@@ -235,11 +238,14 @@ def test_a_vm_that_cannot_use_its_secret_fails_before_the_job_with_the_reason(
 
 @pytest.mark.slow
 def test_a_local_run_gets_secrets_from_this_machine_and_nothing_keeps_them(
-    tmp_path: Path, runner_home: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
+    cloud, tmp_path: Path, runner_home: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """env: and file: references, and a Secret Manager one read with the submitter's own credentials."""
     token = f"tok-{uuid.uuid4().hex}".encode()
     key = f"-----BEGIN KEY-----\nline-one-{uuid.uuid4().hex}\n".encode()
+    password = f"pw-{uuid.uuid4().hex}".encode()
     (tmp_path / "key.pem").write_bytes(key)
+    put_secret(cloud, "db-password", password + b"\n", reader=None)  # the submitter owns it; no VM is involved
     monkeypatch.setenv("MY_TOKEN", token.decode())
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "job.yaml"
@@ -247,6 +253,7 @@ def test_a_local_run_gets_secrets_from_this_machine_and_nothing_keeps_them(
         "name: local-secrets\nimage: trainer:test\nstorage: runs\n"
         f"command: [python, -c, {json.dumps(JOB)}]\n"
         "secrets:\n  API_TOKEN: env:MY_TOKEN\n  KEY_FILE: {ref: 'file:key.pem', as: file}\n"
+        "  DB_PASSWORD: projects/test-project/secrets/db-password/versions/latest\n"
     )
     from typer.testing import CliRunner
 
@@ -258,11 +265,13 @@ def test_a_local_run_gets_secrets_from_this_machine_and_nothing_keeps_them(
     run_dir = next((tmp_path / "runs" / "runs").iterdir())
     got = json.loads((run_dir / "got.json").read_text())
     assert got["token"] == digest(token) and got["key"] == digest(key) and got["mode"] == "0o600"
+    assert got["password"] == digest(password)  # its final line break dropped, as for a VM's env file
     assert "the token is [redacted API_TOKEN]" in (run_dir / "logs" / "worker-0.log").read_text()
-    needles = needles_of(token, key)
+    needles = needles_of(token, key, password)
     assert not holders(run_dir, needles)
     assert not holders(runner_home, needles)
     assert not any(n in printed.encode() for n in needles)
     assert "env:MY_TOKEN" in printed and "read from this machine" in printed
+    assert "read with your Google credentials" in printed
     leftover = [p for p in Path("/dev/shm").glob(f"tpu-runner-{os.getuid()}/*") if run_dir.name in p.name]
     assert not leftover, "the run's secret files outlived it"

@@ -138,3 +138,29 @@ def test_a_cloud_plan_refuses_this_machines_references_and_a_local_one_checks_th
     ]
     assert json.loads(plan.env["RUNNER_SECRETS"]) == {"A": "env", "B": "file"}  # names only
     assert LITERAL not in json.dumps(plan.env)
+
+
+def test_the_cloud_plan_and_dry_run_show_references_and_who_reads_them(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from runner.cli import app
+
+    spec = BASE.replace("proj-123", "my-project") + textwrap.dedent("""\
+        storage: gs://my-bucket/runs
+        accelerator: {type: v2-8, zone: us-central1-b, project: my-project}
+        secrets:
+          WANDB_API_KEY: wandb/versions/latest
+          KEY: {ref: projects/my-project/secrets/key/versions/2, as: file}
+        """)
+    path = tmp_path / "job-with-secrets.yaml"
+    path.write_text(spec)
+    result = CliRunner().invoke(app, ["submit", str(path), "--dry-run"], env={"CLOUDSDK_CONFIG": "/nonexistent"})
+    out = result.output
+    assert result.exit_code == 0, out
+    assert (
+        "secret WANDB_API_KEY  projects/my-project/secrets/wandb/versions/latest  (read on the VM as the project's "
+        "Compute Engine default service account; $WANDB_API_KEY holds the value)"
+    ) in out
+    assert "secret check          not done offline: `runner submit` asks Secret Manager before creating" in out
+    assert "    KEY            projects/my-project/secrets/key/versions/2  (as file)" in out
+    assert "SECRETS='KEY file projects/my-project/secrets/key/versions/2" in out  # the script: references only
