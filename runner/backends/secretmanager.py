@@ -80,7 +80,7 @@ def _explain(failure: ApiFailure, what: str, project: str, secret: str, version:
         return PlanError(
             f"{what}: there is no such secret version: {said}",
             hint=f"`gcloud secrets create {secret} --project {project} --data-file=FILE` creates it (or "
-            f"`gcloud secrets versions add {secret}` adds a version); check the name after {project}",
+            f"`gcloud secrets versions add {secret}` adds a version), or check the secret and project names",
         )
     if failure.code == "UNAUTHENTICATED":
         return PlanError(f"{what}: not authenticated: {said}", hint="run `gcloud auth application-default login`")
