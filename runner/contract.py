@@ -61,6 +61,7 @@ SYNC_S = "RUNNER_SYNC_S"
 GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
+SECRETS = "RUNNER_SECRETS"  # JSON {NAME: "env" | "file"}: which variables hold the job's secrets (never a value)
 
 # Shared by the runner, the supervisor and the bootstrap (which gets them in its rendered values block).
 EXIT_SAFETY_STOP = 124  # like timeout(1): a safety net stopped the job (max_runtime, hang, lost runner), not itself

@@ -90,6 +90,7 @@ def cloud(tpu_emulator: TpuEmulator, gcs: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
+    monkeypatch.setenv("RUNNER_SECRETMANAGER_ENDPOINT", tpu_emulator.endpoint)  # and serves Secret Manager
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     # The emulator answers in fractions of a second: the production polls and backoffs (5 s) would only slow tests.
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("launch.deps",),
     ("launch.variants",),
     ("launch.imageref",),
-    ("metrics", "credentials", "interrupts", "timings", "__version__"),
+    ("metrics", "credentials", "interrupts", "timings", "redact", "__version__"),
     ("contract", "errors"),
 ]
 RANK = {unit: rank for rank, line in enumerate(LAYERS) for unit in line}

@@ -56,6 +56,7 @@ VALUE_FLAGS = {
     "--log-driver", "--log-opt", "--gpus", "--ipc", "--pid", "--cap-add", "--cap-drop", "--device",
     "--security-opt", "--restart", "--hostname", "--platform", "--pull", "--memory", "--cpus", "--workdir",
     "--mount", "--add-host", "--label", "--publish", "--tmpfs", "--stop-timeout", "--stop-signal", "--dns",
+    "--group-add",
 }  # fmt: skip
 UNSUPPORTED = {"--entrypoint"}
 GLOBAL_VALUE_FLAGS = {"--config", "-H", "--host", "--log-level", "--context", "-c"}

@@ -19,6 +19,7 @@ from tpu_emulator.faults import Fault, Faults, fault_from_json
 from tpu_emulator.gce.emulator import ComputeEngine
 from tpu_emulator.resources import Node
 from tpu_emulator.scheduler import Scheduler
+from tpu_emulator.secretmanager import SecretManager
 from tpu_emulator.server import Api, HttpServer, RecordedRequest, Request, Response
 from tpu_emulator.state import Cloud, QueueStyle
 from tpu_emulator.vm import VmInfo, VmLauncher
@@ -106,6 +107,8 @@ class TpuEmulator:
             vm_grace_s=vm_grace_s,
             wait_s=compute_wait_s,
         )
+        # Secret Manager, on the same port: its callers are told apart by the tokens the VMs' metadata servers give.
+        self.secrets = SecretManager(self.faults, self._principal)
         self.admin = Admin(self)
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
@@ -175,6 +178,7 @@ class TpuEmulator:
         self.scheduler.clear()
         self.cloud.forget_all()
         self.compute.reset()
+        self.secrets.reset()
         self.launcher.stop_all(self.vm_grace_s)
         with self._requests_lock:
             self._requests.clear()
@@ -232,6 +236,22 @@ class TpuEmulator:
             data,
             logs,
         )
+
+    def _principal(self, access_token: str) -> str | None:
+        """The service account whose token this is: a TPU VM's or a Compute Engine VM's, as its metadata server
+        gives it (tpu_emulator.metadata, tpu_emulator.gce.metadata); None for a token no VM was given."""
+        from tpu_emulator.gce import metadata as gce_metadata
+
+        with self.cloud.lock:
+            for node in self.cloud.nodes.values():
+                if any(metadata.token(node, w)["access_token"] == access_token for w in node.workers):
+                    return str(node.to_json()["serviceAccount"]["email"])
+        with self.compute.cloud.lock:
+            for instance in self.compute.cloud.instances.values():
+                if gce_metadata.token(instance)["access_token"] == access_token:
+                    accounts = gce_metadata.tree(instance)["instance"]["service-accounts"]
+                    return str(accounts["default"]["email"]) if "default" in accounts else None
+        return None
 
     def _resolve(self, node: str, *, must_exist: bool = True) -> str:
         """A full node name from a full name or a bare node id."""
@@ -488,6 +508,8 @@ class TpuEmulator:
             return self.api.handle(request)
         if request.path.startswith("/compute/v1/"):
             return self.compute.api.handle(request)
+        if request.path.startswith("/v1/"):
+            return self.secrets.handle(request)
         if request.path.startswith("/_emulator/compute/"):
             return self.compute.admin(request, request.path.removeprefix("/_emulator/compute").rstrip("/"))
         if request.path == "/_emulator" or request.path.startswith("/_emulator/"):
@@ -523,6 +545,7 @@ class TpuEmulator:
                     "service": "Cloud TPU API v2 and Compute Engine API v1 emulator",
                     "api": f"{self.endpoint}/v2/",
                     "compute": f"{self.endpoint}/compute/v1/",
+                    "secretmanager": f"{self.endpoint}/v1/",
                     "admin": f"{self.endpoint}/_emulator/",
                 }
             )

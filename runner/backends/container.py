@@ -115,10 +115,13 @@ def plan_launch(
     prefer: Prefer | None = None,
     engine: Engine | None = None,
     flags: list[str] | None = None,
+    secret_files: list[Path] | None = None,
 ) -> Launch:
     """Decide how the job's container runs here. `prefer="process"` skips the engine even when there is one;
     `prefer="container"` makes "no engine, or no image" an error. `engine`: this one, not the one detection finds
-    (an emulated VM's, with its own image store); `flags`: its `docker run` options instead of the local ones."""
+    (an emulated VM's, with its own image store); `flags`: its `docker run` options instead of the local ones;
+    `secret_files`: the job's secrets as files, mounted read-only at the same path in a container (the variable
+    that names each holds that path either way)."""
     if prefer != "process":
         found = engines.Found(engine, "") if engine else engines.detect()
         if found.engine and image_present(found.engine, image):
@@ -130,6 +133,7 @@ def plan_launch(
             if storage_root:
                 # Same path inside and out, so RUNNER_RUN_DIR means the same in both.
                 mounts.append((str(storage_root), str(storage_root), False))
+            mounts += [(str(path), str(path), True) for path in secret_files or ()]
             gpus = host_gpus() if flags is None else 0
             argv = docker_argv(image, name, env, mounts, gpus > 0, cli=found.engine.command(), flags=flags)
             reason = f"{found.engine.title}, image {image}" + (f", {gpus} GPU(s)" if gpus else ", CPU")

@@ -194,11 +194,17 @@ def launch(
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
-    warnings = plan.cloud.warnings if plan.cloud is not None else ()
+    from runner.spec.secrets import env_warnings
+
+    warnings = [*(plan.cloud.warnings if plan.cloud is not None else ()), *env_warnings(spec)]
     rows += [("warning", text) for text in warnings]
     if dry_run:
         if plan.cloud is not None:
             rows.append(("image check", "not done offline: `runner submit` asks the registry before creating anything"))
+            if any(s.secret_manager for s in plan.secrets):
+                rows.append(
+                    ("secret check", "not done offline: `runner submit` asks Secret Manager before creating anything")
+                )
         echo(dry_run_text(plan, backend, rows))
         if problems:
             echo()
@@ -216,6 +222,12 @@ def launch(
         # Before anything is paid for: a VM that boots and cannot pull its image is the costliest typo.
         if warning := require_in_registry(spec.image):
             say(f"warning: {warning}")
+        if plan.secrets:
+            from runner.backends import secretmanager
+
+            # Before anything is paid for: a VM that cannot read its secret fails only after it boots.
+            for line in secretmanager.preflight(plan):
+                say(line)
     from runner import lifecycle
 
     outcome = lifecycle.submit(

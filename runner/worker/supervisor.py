@@ -34,6 +34,7 @@ from runner import contract
 from runner.checkpoints import RESUMABLE, Listing, survey
 from runner.checkpoints.resumed import EVENT as RESUMED
 from runner.checkpoints.resumed import Resumed, furthest_step, latest, redone
+from runner.redact import Redactor, job_secrets
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now, read_events
@@ -102,6 +103,8 @@ class Supervisor:
         self._last_submitter_check = 0.0
         self.started = now()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        # The job's secrets, as the job has them: replaced in everything it prints before it goes anywhere.
+        self.redactor = Redactor(job_secrets(environ))
         self._lock = threading.Lock()
         self._done = threading.Event()
         # Progress: the trainer's step (progress.json), or for a command that writes none, its output so far.
@@ -126,11 +129,13 @@ class Supervisor:
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
-        """The job's output: raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape
-        sequences into the log file and the exit record's tail (runner.watch.logtext)."""
+        """The job's output, its secrets' values replaced first (runner.redact: a value split across two reads
+        too): raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape sequences into
+        the log file and the exit record's tail (runner.watch.logtext)."""
         assert proc.stdout is not None
         cleaner = LogCleaner()
         partial = b""
+        redactor = self.redactor
 
         def store(data: bytes, log: BinaryIO) -> bytes:
             log.write(data)
@@ -139,12 +144,16 @@ class Supervisor:
             self.tail.extend(line.decode(errors="replace") for line in lines if line.strip())
             return rest
 
+        def out(data: bytes, log: BinaryIO) -> bytes:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return store(cleaner.feed(data), log)
+
         with log_file.open("ab") as log:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 self._output_bytes += len(chunk)
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                partial = store(cleaner.feed(chunk), log)
+                partial = out(redactor.feed(chunk), log)
+            partial = out(redactor.flush(), log)
             partial = store(cleaner.flush(), log)
 
     # -- periodic work ------------------------------------------------------------------------------------------
