@@ -129,3 +129,36 @@ def test_anonymous_requests_are_refused(kube: Any) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(kube.endpoint + "/api/v1/namespaces", timeout=10, context=context)
     assert refused.value.code == 403
+
+
+def test_a_jobset_completes_across_an_api_server_restart(
+    kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str, tmp_path: Any
+) -> None:
+    """The API server stopped and started mid-run: the played controllers' watches resume, the kubelet's status
+    writes wait for it, and the run ends as if nothing happened."""
+    from kubernetes import client
+
+    release = tmp_path / "release"
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    wait = f"while [ ! -e {release} ]; do sleep 0.1; done"
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        JS_GROUP, VERSION, kube_namespace, PLURAL, jobset_manifest(name, tpu_pool, command=["sh", "-c", wait])
+    )
+    core = client.CoreV1Api(kube_api)
+
+    def phases() -> list[str]:
+        pods = core.list_namespaced_pod(kube_namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")
+        return [p.status.phase for p in pods.items]
+
+    wait_for(lambda: phases() == ["Running", "Running"], "both pods Running")
+    kube.cluster.restart_apiserver()
+    release.touch()
+
+    def completed() -> bool:
+        js = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+            JS_GROUP, VERSION, kube_namespace, PLURAL, name
+        )
+        return (js.get("status") or {}).get("terminalState") == "Completed"
+
+    wait_for(completed, "the JobSet Completed after the restart")
+    assert phases() == ["Succeeded", "Succeeded"]

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,10 @@ class Kubelet:
         mode: Prefer = "process",
         engine: Engine | None = None,
         max_grace_s: float = 30.0,
+        status_patience_s: float = 120.0,
     ) -> None:
-        """`max_grace_s` caps a deleted pod's terminationGracePeriodSeconds (the tests do not wait 30 s)."""
+        """`max_grace_s` caps a deleted pod's terminationGracePeriodSeconds (the tests do not wait 30 s);
+        `status_patience_s` is how long a status write waits for an API server that is away."""
         from kubernetes import client
 
         self.core: Any = client.CoreV1Api(api_client)  # Any: the client's models are Optional everywhere
@@ -89,6 +92,7 @@ class Kubelet:
         self.mode = mode
         self.engine = engine
         self.max_grace_s = max_grace_s
+        self.status_patience_s = status_patience_s
         self._lock = threading.Lock()
         self._nodes: set[str] = set()
         self._pods: dict[str, PodRun] = {}
@@ -312,24 +316,29 @@ class Kubelet:
     # -- status -------------------------------------------------------------------------------------------------
 
     def _write_status(self, run: PodRun, phase: str, *, reason: str | None = None, message: str | None = None) -> None:
+        """Read the pod, write its status with that resourceVersion (a conflict reads again); while the API server
+        is away (restarting) keep trying, as a kubelet does, for up to `status_patience_s`."""
         from kubernetes.client.rest import ApiException
 
-        for _ in range(10):
+        deadline = time.monotonic() + self.status_patience_s
+        while time.monotonic() < deadline:
             try:
                 pod = self.core.read_namespaced_pod(run.name, run.namespace)
-            except ApiException:
-                return  # gone
-            if pod.metadata.uid != run.uid or pod.status.phase in ("Succeeded", "Failed"):
-                return
-            body = self.core.api_client.sanitize_for_serialization(pod)
-            body["status"] = self._status(run, phase, body.get("status") or {}, reason, message)
-            try:
+                if pod.metadata.uid != run.uid or pod.status.phase in ("Succeeded", "Failed"):
+                    return
+                body = self.core.api_client.sanitize_for_serialization(pod)
+                body["status"] = self._status(run, phase, body.get("status") or {}, reason, message)
                 self.core.replace_namespaced_pod_status(run.name, run.namespace, body)
                 return
             except ApiException as exc:
-                if exc.status != 409:
+                if exc.status == 404:
+                    return  # gone
+                if exc.status != 409 and exc.status < 500:
                     self.errors.append(f"status of {run.namespace}/{run.name}: {exc.status} {exc.reason}")
                     return
+            except Exception:  # the API server away: connection refused or reset
+                time.sleep(0.2)
+        self.errors.append(f"status of {run.namespace}/{run.name}: the API server did not answer")
 
     def _status(
         self, run: PodRun, phase: str, old: dict[str, Any], reason: str | None, message: str | None
