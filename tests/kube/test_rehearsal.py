@@ -288,3 +288,38 @@ def test_a_pod_runs_in_a_real_container(
     assert pod.status.container_statuses[0].state.terminated.exit_code == 4
     log = kube.kubelet.log_of(kube_namespace, pod.metadata.name)
     assert log is not None and f"worker 0 0 {name}-slice-0-0.{name}" in log.read_text()
+
+
+def test_a_killed_pod_fails_the_jobset_with_its_exit_code(
+    kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str
+) -> None:
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    _create(kube_api, kube_namespace, jobset_manifest(name, tpu_pool, command=["sleep", "600"]))
+    running = wait_for(lambda: _running(kube_api, kube_namespace, name), "both pods Running")
+    assert kube.kubelet.kill_pod(kube_namespace, running[0].metadata.name)
+    js = wait_for(lambda: _jobset_with(kube_api, kube_namespace, name, "Failed"), "the JobSet Failed")
+    assert js["status"]["terminalState"] == "Failed"
+    _, core, _ = _apis(kube_api)
+    killed = core.read_namespaced_pod(running[0].metadata.name, kube_namespace)
+    assert killed.status.phase == "Failed"
+    assert killed.status.container_statuses[0].state.terminated.exit_code == 137
+    custom, _, _ = _apis(kube_api)
+    custom.delete_namespaced_custom_object(
+        JS_GROUP, VERSION, kube_namespace, PLURAL, name, propagation_policy="Foreground"
+    )
+
+
+def test_a_refused_delete_fails_as_the_api_server_says_it(kube: Any, kube_api: Any, kube_namespace: str) -> None:
+    from kubernetes.client.rest import ApiException
+
+    from tpu_emulator.kube.webhook import Refusal
+
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    _create(kube_api, kube_namespace, jobset_manifest(name, "no-such-pool"))
+    kube.webhook.refuse(Refusal("jobsets", name=name, count=1, message="etcd is having a bad day"))
+    custom, _, _ = _apis(kube_api)
+    with pytest.raises(ApiException) as refused:
+        custom.delete_namespaced_custom_object(JS_GROUP, VERSION, kube_namespace, PLURAL, name)
+    assert refused.value.status == 500
+    assert "denied the request: etcd is having a bad day" in str(refused.value.body)
+    custom.delete_namespaced_custom_object(JS_GROUP, VERSION, kube_namespace, PLURAL, name)  # the fault is used up

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -146,6 +147,18 @@ class Kubelet:
     def _sync_nodes(self, items: list[Any]) -> None:
         with self._lock:
             self._nodes = {n.metadata.name for n in items}
+
+    def kill_pod(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> bool:
+        """A pod's processes killed (the OOM killer, a crash): the pod ends Failed with 128 + sig. False when the
+        kubelet runs no such pod."""
+        with self._lock:
+            run = next((r for r in self._pods.values() if (r.namespace, r.name) == (namespace, name)), None)
+        if run is None or run.done.is_set():
+            return False
+        for pid in container.marked_pids(MARKER, run.uid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return True
 
     def take_node(self, name: str, *, grace_s: float = 0.0) -> list[str]:
         """The node taken away: its pods stopped (SIGTERM, SIGKILL after grace_s) and Failed, then the Node deleted.

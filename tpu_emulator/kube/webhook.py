@@ -10,7 +10,11 @@ cluster without GKE cannot do for a JobSet's pods, played where GKE does it (at 
    (its index) and TPU_WORKER_HOSTNAMES (`<job>-<i>.<subdomain>` for every index of the Job), computed at each
    pod's creation: a restarted JobSet's pods get fresh values, never the last attempt's.
 
-It is registered as a MutatingWebhookConfiguration with failurePolicy Fail (no pod of an Indexed Job starts
+3. Refusals, a fault a test injects (`refuse`): a DELETE of a JobSet, Job or pod matching one is denied by a
+   ValidatingWebhookConfiguration, as the API server answers any denied request ("admission webhook ... denied
+   the request: ..."), `count` times: the "delete that fails" of a teardown, on the real server.
+
+The pod webhook is registered as a MutatingWebhookConfiguration with failurePolicy Fail (no pod of an Indexed Job starts
 without its index); pods of other Jobs, and pods of no Job, pass untouched. When every index is held, the pod is
 refused and the Job controller tries again later, as it does after any refused create.
 """
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fnmatch
 import json
 import ssl
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,28 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 TPU_RESOURCE = "google.com/tpu"
 CONFIG_NAME = "tpu-emulator-gke-tpu"
+REFUSALS_NAME = "tpu-emulator-refusals"
+_REFUSABLE = [("jobset.x-k8s.io", "v1alpha2", "jobsets"), ("batch", "v1", "jobs"), ("", "v1", "pods")]
 _PENDING_S = 30.0  # an index handed out but not yet seen on a stored pod is held this long
+
+
+@dataclass
+class Refusal:
+    """Deny `operation` on `resource` (jobsets, jobs, pods) named like `name` (fnmatch), `count` times."""
+
+    resource: str
+    name: str = "*"
+    operation: str = "DELETE"
+    count: int = 1
+    message: str = "the delete was refused (tpu-emulator fault)"
+    code: int = 500  # the HTTP status the client gets
+
+    def matches(self, request: dict[str, Any]) -> bool:
+        return (
+            request.get("operation") == self.operation
+            and request.get("resource", {}).get("resource") == self.resource
+            and fnmatch.fnmatchcase(str(request.get("name") or ""), self.name)
+        )
 
 
 def _escape(key: str) -> str:
@@ -62,6 +89,7 @@ class PodWebhook:
         self.cert = serving_cert(workdir / "certs", "webhook")
         self._lock = threading.Lock()
         self._pending: dict[str, dict[int, float]] = {}  # job uid -> index -> when it was handed out
+        self._refusals: list[Refusal] = []
         self.admitted = 0
         self.refused = 0
         webhook = self
@@ -70,7 +98,9 @@ class PodWebhook:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
-                    answer = webhook.review(json.loads(body))
+                    review = json.loads(body)
+                    refuse = self.path.partition("?")[0] == "/refuse"  # the API server adds ?timeout=
+                    answer = webhook.refusal(review) if refuse else webhook.review(review)
                 except Exception as exc:  # a bug here must not hang the API server: refuse, naming it
                     print(f"[kube] webhook: {exc!r}", file=sys.stderr)
                     answer = {
@@ -97,7 +127,8 @@ class PodWebhook:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(self.cert.cert), str(self.cert.key))
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self._server.server_address[1]}/mutate-pods"
+        self.base = f"https://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"{self.base}/mutate-pods"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="kube-webhook")
         self._thread.daemon = True
 
@@ -109,15 +140,17 @@ class PodWebhook:
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
+        api: Any = client.AdmissionregistrationV1Api(self.api_client)
         with contextlib.suppress(ApiException, OSError):
-            client.AdmissionregistrationV1Api(self.api_client).delete_mutating_webhook_configuration(CONFIG_NAME)
+            api.delete_mutating_webhook_configuration(CONFIG_NAME)
+        with contextlib.suppress(ApiException, OSError):
+            api.delete_validating_webhook_configuration(REFUSALS_NAME)
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(10)
 
     def register(self) -> None:
         from kubernetes import client
-        from kubernetes.client.rest import ApiException
 
         body: dict[str, Any] = {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -138,14 +171,46 @@ class PodWebhook:
             ],
         }
         api: Any = client.AdmissionregistrationV1Api(self.api_client)
-        try:
-            api.create_mutating_webhook_configuration(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = api.read_mutating_webhook_configuration(CONFIG_NAME)
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            api.replace_mutating_webhook_configuration(CONFIG_NAME, body)
+        _create_or_replace(api, "mutating", body)
+        ca = base64.b64encode(self.cert.ca.read_bytes()).decode()
+        refusals: dict[str, Any] = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": REFUSALS_NAME},
+            "webhooks": [
+                {
+                    "name": "refusals.tpu-emulator.local",
+                    "clientConfig": {"url": f"{self.base}/refuse", "caBundle": ca},
+                    "rules": [
+                        {"operations": ["DELETE"], "apiGroups": [g], "apiVersions": [v], "resources": [r]}
+                        for g, v, r in _REFUSABLE
+                    ],
+                    "failurePolicy": "Ignore",  # the fault's webhook never stands in the way otherwise
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }
+        _create_or_replace(api, "validating", refusals)
+
+    def refuse(self, refusal: Refusal) -> Refusal:
+        """Inject a refusal (a delete that fails); it is used up after `count` denials."""
+        with self._lock:
+            self._refusals.append(refusal)
+        return refusal
+
+    def refusal(self, review: dict[str, Any]) -> dict[str, Any]:
+        request = review["request"]
+        response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+        with self._lock:
+            found = next((r for r in self._refusals if r.count > 0 and r.matches(request)), None)
+            if found is not None:
+                found.count -= 1
+                response = {"uid": request["uid"], "allowed": False,
+                            "status": {"code": found.code, "message": found.message}}  # fmt: skip
+        return {"apiVersion": review.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview",
+                "response": response}  # fmt: skip
 
     # -- decisions ----------------------------------------------------------------------------------------------
 
@@ -233,3 +298,17 @@ class PodWebhook:
             value = [*kept, *({"name": k, "value": v} for k, v in env.items())]
             patch.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": value})
         return patch, None
+
+
+def _create_or_replace(api: Any, kind: str, body: dict[str, Any]) -> None:
+    from kubernetes.client.rest import ApiException
+
+    name = body["metadata"]["name"]
+    try:
+        getattr(api, f"create_{kind}_webhook_configuration")(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = getattr(api, f"read_{kind}_webhook_configuration")(name)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        getattr(api, f"replace_{kind}_webhook_configuration")(name, body)
