@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,4 +99,3 @@ class Follower:
             with contextlib.suppress(Exception):
                 print(f"[kube] {self.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
             self.stop.wait(self.retry_s)
-            time.sleep(0)
