@@ -20,12 +20,14 @@ from tpu_emulator.kube.webhook import INDEX_ANNOTATION
 
 pytestmark = GROUP
 
-# What each pod prints: the variables GKE's TPU webhook sets and the completion index, then exits.
+# What each pod prints: the variables GKE's TPU webhook sets and the completion index, then JAX's cluster as the
+# kubelet gives it (process id, processes, coordinator), then exits.
 REPORT = [
     "python",
     "-c",
-    "import os; print('worker', os.environ['TPU_WORKER_ID'], os.environ['JOB_COMPLETION_INDEX'],"
-    " os.environ['TPU_WORKER_HOSTNAMES'], flush=True)",
+    "import os; e = os.environ; print('worker', e['TPU_WORKER_ID'], e['JOB_COMPLETION_INDEX'],"
+    " e['TPU_WORKER_HOSTNAMES'], 'jax', e['KERAS_DISTRIBUTION_PROCESS_ID'], e['KERAS_DISTRIBUTION_NUM_PROCESSES'],"
+    " e['KERAS_DISTRIBUTION_JOB_ADDRESSES'], flush=True)",
 ]
 
 
@@ -91,13 +93,18 @@ def test_a_jobset_runs_on_tpu_nodes_and_completes(kube: Any, kube_api: Any, kube
     indexes = sorted(int(p.metadata.annotations[INDEX_ANNOTATION]) for p in pods)
     assert indexes == [0, 1]
     hostnames = f"{name}-slice-0-0.{name},{name}-slice-0-1.{name}"
+    coordinators = set()
     for pod in pods:
         index = pod.metadata.annotations[INDEX_ANNOTATION]
         assert pod.spec.hostname == f"{name}-slice-0-{index}" and pod.spec.subdomain == name
         log = kube.kubelet.log_of(kube_namespace, pod.metadata.name)
-        assert log is not None and f"worker {index} {index} {hostnames}" in log.read_text()
+        assert log is not None
+        line = next(ln for ln in log.read_text().splitlines() if ln.startswith("worker "))
+        assert line.startswith(f"worker {index} {index} {hostnames} jax {index} 2 127.0.0.1:")
+        coordinators.add(line.rsplit(" ", 1)[1])
         (state,) = pod.status.container_statuses
         assert state.state.terminated.exit_code == 0 and state.state.terminated.reason == "Completed"
+    assert len(coordinators) == 1  # one JAX cluster: both hosts name the same coordinator
     service = core.read_namespaced_service(name, kube_namespace)
     assert service.spec.cluster_ip == "None"
 

@@ -34,6 +34,9 @@ from typing import Any
 from runner.backends import container
 from runner.backends.container import Prefer
 from runner.launch.engine import Engine
+from tpu_emulator.kube.cluster import free_port
+from tpu_emulator.kube.jobset import GLOBAL_INDEX, GLOBAL_REPLICAS, RESTARTS
+from tpu_emulator.kube.jobset import UID as JOBSET_UID
 from tpu_emulator.kube.nodes import PLAYED_LABEL
 from tpu_emulator.kube.watching import Follower
 
@@ -97,6 +100,7 @@ class Kubelet:
         self._lock = threading.Lock()
         self._nodes: set[str] = set()
         self._pods: dict[str, PodRun] = {}
+        self._coordinators: dict[tuple[str, str], str] = {}  # (JobSet uid, restart attempt) -> host:port
         self.started = 0
         self.errors: list[str] = []
         self.nodes_follower = Follower(
@@ -279,7 +283,32 @@ class Kubelet:
                 ref = item.value_from.secret_key_ref
                 data = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace).data or {}
                 env[item.name] = base64.b64decode(str(data.get(ref.key, ""))).decode()
-        return env
+        return {**self._jax_cluster(pod, env), **env}
+
+    def _jax_cluster(self, pod: Any, env: dict[str, str]) -> dict[str, str]:
+        """JAX's cluster for a multi-host TPU pod, as keras.distribution.initialize() reads it from the environment.
+        On GKE, jax.distributed.initialize() finds it by itself from TPU_WORKER_HOSTNAMES and TPU_WORKER_ID (the
+        coordinator: host 0's name), times the JobSet's slices; every pod here is this machine, where those
+        hostnames do not resolve, so the coordinator is a port this kubelet reserves per JobSet attempt (as the
+        emulator's VMs get one: tpu_emulator.vm.COORDINATOR). {} for a pod without TPU_WORKER_HOSTNAMES."""
+        hostnames = env.get("TPU_WORKER_HOSTNAMES", "")
+        if not hostnames or "TPU_WORKER_ID" not in env:
+            return {}
+        labels = pod.metadata.labels or {}
+        owner = labels.get(JOBSET_UID) or labels.get("controller-uid", "")
+        key = (owner, labels.get(RESTARTS, "0"))
+        with self._lock:
+            if key not in self._coordinators:
+                self._coordinators[key] = f"127.0.0.1:{free_port()}"
+            coordinator = self._coordinators[key]
+        hosts = len(hostnames.split(","))
+        slices = int(labels.get(GLOBAL_REPLICAS, "1"))
+        slice_index = int(labels.get(GLOBAL_INDEX, "0"))
+        return {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(hosts * slices),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(slice_index * hosts + int(env["TPU_WORKER_ID"])),
+        }
 
     def _reap(self, run: PodRun, c: Running, pod: Any, restart: str | None) -> None:
         while True:
