@@ -21,6 +21,7 @@ PYTEST_DIST = -n $(PYTEST_WORKERS) --dist loadgroup
 
 include mk/image.mk
 include mk/containers.mk
+include mk/kube.mk
 
 .PHONY: help install data browser local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
 
@@ -48,7 +49,7 @@ browser:  ## install Chromium (Debian's package) for the report's browser test, 
 local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
 	$(RUNNER) submit $(JOB) --local
 
-test: data lint browser containers  ## lint, then the whole test suite
+test: data lint browser containers kube  ## lint, then the whole test suite
 	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones

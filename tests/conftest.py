@@ -14,6 +14,7 @@ import pytest
 
 from runner import datasets
 from tests.containers import container_engine, cpu_image, image_registry, use_container_engine  # noqa: F401 (fixtures)
+from tests.kubecluster import gke, gke_client, gke_kube, kube, kube_api, kube_namespace, tpu_pool  # noqa: F401 (fixtures)
 
 if TYPE_CHECKING:
     from tpu_emulator import TpuEmulator
