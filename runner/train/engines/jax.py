@@ -73,6 +73,9 @@ class JaxEngine(Engine):
         # INFO logging would print on every CPU run; what matters reaches the strategy line (its note) or the error.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
         self.keras = keras_on_jax(force=True)
+        import jax
+
+        jaxperf.compile_cache(jax)  # before anything compiles: a later run on this machine reuses the programs
         # Before initialize(): with a seed set, Keras does not agree on one across hosts with a collective.
         self.keras.utils.set_random_seed(cfg.seed)
         return self.keras
