@@ -156,3 +156,12 @@ class JobContext:
             METRICS_FILE: str(self.metrics_file),
             PROGRESS_FILE: str(self.progress_file),
         }
+
+
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # set: TensorFlow's tf.keras is tf_keras (Keras 2), else Keras 3
+
+
+def legacy_keras(environ: dict[str, str] | None = None) -> bool:
+    """Whether TensorFlow takes tf_keras for tf.keras, read as TensorFlow reads it (its __init__ and lazy loader:
+    "1", "true" or "True"; anything else, or unset, is Keras 3)."""
+    return (os.environ if environ is None else environ).get(LEGACY_KERAS) in ("1", "true", "True")

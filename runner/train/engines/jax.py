@@ -47,7 +47,7 @@ def keep_tensorflow_out() -> None:
     if not any(isinstance(f, _NoTensorFlow) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoTensorFlow())
     os.environ["KERAS_BACKEND"] = "jax"
-    os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    os.environ.pop(contract.LEGACY_KERAS, None)
 
 
 class JaxEngine(Engine):
@@ -67,7 +67,7 @@ class JaxEngine(Engine):
                 "the checkpoint to resume from was written by tf_keras (Keras 2, TensorFlow only), which Keras 3 on "
                 "JAX cannot read; set training.framework: tensorflow to continue it"
             )
-        os.environ.pop("TF_USE_LEGACY_KERAS", None)  # tf_keras is TensorFlow's; the callbacks take Keras 3
+        os.environ.pop(contract.LEGACY_KERAS, None)  # tf_keras is TensorFlow's; the callbacks take Keras 3
         self.hint = expect(os.environ.get(contract.STRATEGY))  # before JAX is imported
         # JAX logs at INFO each platform it cannot start ("Unable to initialize backend 'tpu'"), which the trainer's
         # INFO logging would print on every CPU run; what matters reaches the strategy line (its note) or the error.
