@@ -11,16 +11,15 @@ faster, never fail one.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from runner import contract
+from runner.storage.local import write_atomic
 
 Key = Mapping[str, Any]  # JSON values only: it is written beside the value and compared on reading
 
@@ -58,14 +57,9 @@ def read(kind: str, key: Key, root: Path | None = None) -> dict[str, Any] | None
 
 def write(kind: str, key: Key, value: Mapping[str, Any], root: Path | None = None) -> bool:
     """Store `value` under `key`; False when it cannot be written (a read-only directory): the run goes on."""
-    path = entry_path(kind, key, root)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": _normal(key), "value": value}, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        data = json.dumps({"key": _normal(key), "value": value}, indent=1, sort_keys=True).encode()
+        write_atomic(entry_path(kind, key, root), data)  # a temporary file of its own, then a rename
     except (OSError, TypeError, ValueError):
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         return False
     return True

@@ -521,3 +521,31 @@ def test_the_model_digest_is_what_the_model_is_not_its_layer_names() -> None:
         calibration.model_digest(tf, "mnist_cnn", (28, 28, 1), 5),
     }
     assert len(others) == 3 and first not in others
+
+
+def test_two_starts_writing_one_entry_at_once_leave_a_whole_one(tmp_path: Path) -> None:
+    """Two runs starting together both calibrate and both store: a reader meanwhile sees no entry or a whole one,
+    never half of one, and what stays is one of the two."""
+    import threading
+
+    key = {"cpu": "AMD EPYC", "batch": 1024}
+    values = [{"variant": name, "rounds_ms": {"float32": [1.0] * 2000}} for name in ("a", "b")]
+    seen: list[object] = []
+
+    def write(value: dict[str, object]) -> None:
+        for _ in range(50):
+            assert startcache.write("calibration", key, value, tmp_path)
+
+    writers = [threading.Thread(target=write, args=(v,)) for v in values]
+    for t in writers:
+        t.start()
+    while any(t.is_alive() for t in writers):
+        seen.append(startcache.read("calibration", key, tmp_path))
+    for t in writers:
+        t.join()
+    assert all(v is None or v in values for v in seen)
+    assert startcache.read("calibration", key, tmp_path) in values
+    assert [p.name for p in (tmp_path / "calibration").iterdir() if not p.name.startswith(".")] == [
+        startcache.entry_path("calibration", key, tmp_path).name
+    ]
+    assert not [p for p in (tmp_path / "calibration").iterdir() if p.name.startswith(".")]  # no temporary left
