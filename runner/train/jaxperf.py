@@ -22,6 +22,7 @@ No JAX import here: the device comes in as an argument.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,11 @@ def plan_for(
     )
 
 
-def compile_cache(jax: Any, root: Path | None = None) -> Path | None:
-    """Point JAX's persistent compilation cache at the start-up cache (`root`, else startcache.cache_dir()), before
-    anything is compiled, and say in the log when a program is first loaded from it. None, and JAX's own default,
-    when the user chose a directory (JAX_COMPILATION_CACHE_DIR) or this one cannot be written."""
+def compile_cache(root: Path | None = None) -> Path | None:
+    """Point JAX's persistent compilation cache at the start-up cache (`root`, else startcache.cache_dir()). JAX
+    decides at its first compile whether a process uses the cache, and Keras compiles small programs as it starts,
+    so this sets JAX's variables before JAX is imported (its configuration, when it already is). None, and JAX's
+    own default, when the user chose a directory (JAX_COMPILATION_CACHE_DIR) or this one cannot be written."""
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return None
     directory = (root or startcache.cache_dir()) / "jax"
@@ -112,8 +114,22 @@ def compile_cache(jax: Any, root: Path | None = None) -> Path | None:
         return None
     if not os.access(directory, os.W_OK):
         return None
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
+    settings: dict[str, Any] = {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": CACHE_MIN_COMPILE_S,
+    }
+    for name, value in settings.items():
+        os.environ.setdefault(name.upper(), str(value))
+    if "jax" in sys.modules:
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    return directory
+
+
+def say_cache_hits(jax: Any, directory: Path) -> None:
+    """Say in the log, once, when a compiled program is loaded from the start-up cache instead of compiled."""
     said = False
 
     def on_event(event: str, **_: Any) -> None:
@@ -123,4 +139,3 @@ def compile_cache(jax: Any, root: Path | None = None) -> Path | None:
             print(f"[trainer] compiled programs are loaded from the start-up cache ({directory})", flush=True)
 
     jax.monitoring.register_event_listener(on_event)
-    return directory

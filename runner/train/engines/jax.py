@@ -48,6 +48,9 @@ def keep_tensorflow_out() -> None:
         sys.meta_path.insert(0, _NoTensorFlow())
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ.pop(contract.LEGACY_KERAS, None)
+    # etils.epath (JAX's compilation cache, Orbax) asks importlib whether TensorFlow is there unless told not to;
+    # the question itself would fail here.
+    os.environ["EPATH_USE_TF"] = "false"
 
 
 class JaxEngine(Engine):
@@ -72,10 +75,12 @@ class JaxEngine(Engine):
         # JAX logs at INFO each platform it cannot start ("Unable to initialize backend 'tpu'"), which the trainer's
         # INFO logging would print on every CPU run; what matters reaches the strategy line (its note) or the error.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        cache = jaxperf.compile_cache()  # before JAX compiles anything: a later run here reuses the programs
         self.keras = keras_on_jax(force=True)
-        import jax
+        if cache is not None:
+            import jax
 
-        jaxperf.compile_cache(jax)  # before anything compiles: a later run on this machine reuses the programs
+            jaxperf.say_cache_hits(jax, cache)
         # Before initialize(): with a seed set, Keras does not agree on one across hosts with a collective.
         self.keras.utils.set_random_seed(cfg.seed)
         return self.keras
