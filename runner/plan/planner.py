@@ -378,7 +378,7 @@ def plan_cloud(
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
-        env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
+        env[contract.LEGACY_KERAS] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
     no_secrets: tuple[PlannedSecret, ...] = ()
     planned = check(lambda: plan_secrets(spec, target.project, local=False), no_secrets)
     return Plan(

@@ -154,11 +154,7 @@ def contract_callbacks(
         return [cursor, progress, checkpointer]
     if tensorboard:
         if framework == "tensorflow":
-            boards.append(
-                keras.callbacks.TensorBoard(
-                    str(ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
-                )
-            )
+            boards.append(cb.epoch_board(ctx.tensorboard_dir))
         else:  # keras' TensorBoard writes through TensorFlow, which a JAX process does not import
             boards.append(cb.ScalarBoard(ctx.tensorboard_dir))
     return [
@@ -209,6 +205,8 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             super().__init__()
             self.stop = cb.StopSignal()
             self.inner: list[Any] = []
+            self.batch_end: list[Any] = []
+            self.test_batch_end: list[Any] = []
             self.undo: Callable[[], None] = lambda: None
             self.checkpointer: Any = None
 
@@ -274,6 +272,9 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 printing=False,
             )
             self.checkpointer = self.inner[-1]
+            # Per batch, only the callbacks that do something then: a step of the guide's Dense model takes 3 ms.
+            self.batch_end = cb.implementing(self.inner, "on_train_batch_end")
+            self.test_batch_end = cb.implementing(self.inner, "on_test_batch_end")
             for callback in self.inner:
                 callback.set_model(model)
                 callback.set_params(params)
@@ -290,17 +291,16 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self._each("on_epoch_end", epoch, logs)
 
-        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_train_batch_begin", batch, logs)
-
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_train_batch_end", batch, logs)
+            for callback in self.batch_end:
+                callback.on_train_batch_end(batch, logs)
 
         def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
             self._each("on_test_begin", logs)
 
         def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_test_batch_end", batch, logs)
+            for callback in self.test_batch_end:
+                callback.on_test_batch_end(batch, logs)
 
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             self._each("on_test_end", logs)

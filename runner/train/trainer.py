@@ -31,7 +31,7 @@ from runner import contract
 from runner.checkpoints.resumed import EVENT as RESUMED
 from runner.checkpoints.resumed import Resumed, furthest_step
 from runner.spec import TrainingSpec
-from runner.train import perf
+from runner.train import choices
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
 from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
@@ -93,8 +93,8 @@ def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
     if shared is None:
         return plan
     reduce_sum, _processes, copies = shared
-    chosen = agreement.broadcast(perf.run_choices(plan), reduce_sum, chief, copies)
-    return plan if chief else perf.adopt_choices(plan, chosen)
+    chosen = agreement.broadcast(choices.run_choices(plan), reduce_sum, chief, copies)
+    return plan if chief else choices.adopt_choices(plan, chosen)
 
 
 def compile_model(model: Any, cfg: TrainingSpec, keras: Any, plan: Any, labels: str) -> None:

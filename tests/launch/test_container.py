@@ -86,8 +86,15 @@ def test_the_cpu_image_is_built_once_checked_and_small(container_engine: Engine,
 
 
 def test_the_builtin_trainer_trains_in_the_container(
-    use_container_engine: Engine, cpu_image: build.ImageResult, tmp_path: Path, runner_home: Path, mnist_npz: Path
+    use_container_engine: Engine,
+    cpu_image: build.ImageResult,
+    tmp_path: Path,
+    runner_home: Path,
+    mnist_npz: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    cache = tmp_path / "startup"
+    monkeypatch.setenv(contract.CACHE_DIR, str(cache))  # this machine's start-up cache, as the runner finds it
     spec = tmp_path / "job.yaml"
     spec.write_text(
         textwrap.dedent(f"""\
@@ -111,6 +118,11 @@ def test_the_builtin_trainer_trains_in_the_container(
     assert (exit_record["state"], exit_record["exit_code"]) == ("succeeded", 0)
     # The data cache reached the container read-only at /data, as the runner mounts it.
     assert f"{container.CONTAINER_DATA_DIR}/{mnist_npz.name}" in (run_dir / contract.log_key(0)).read_text()
+    # The start-up cache reached it read-write: a calibration made inside is kept on this machine for the next run.
+    perf = summary["perf"]
+    if perf["precision_source"] == "calibrated":
+        assert not perf["precision_reason"].endswith("(not cached)")
+        assert len(list((cache / "calibration").glob("*.json"))) == 1
 
 
 def test_a_command_job_runs_the_code_runner_build_put_in_the_image(

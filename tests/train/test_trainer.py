@@ -19,7 +19,7 @@ import pytest
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
-from runner.train.perf import CPU_FLAGS_ENV
+from runner.train.cpu import CPU_FLAGS_ENV
 from tests.train.test_checkpoints import weights_offset
 from tests.waiting import wait_for
 
@@ -33,7 +33,9 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
     cfg = TrainingSpec.model_validate(
         {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256, **training}
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
+    # The start-up cache is the machine's (~/.cache/tpu-runner/startup), or the test's own where it set one.
+    kept = (contract.CACHE_DIR,)
+    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
     env.update(
         {
             contract.RUN_DIR: str(run_dir),
@@ -64,18 +66,20 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path) -> None:
+def test_trains_writes_the_contract_and_resumes(
+    tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = tmp_path / "run"
-    data = tmp_path / "data"  # a data cache of its own, so that its calibration can be edited
-    data.mkdir()
-    (data / mnist_npz.name).symlink_to(mnist_npz)
-    first = train(run, data / mnist_npz.name, epochs=1)
+    cache = tmp_path / "startup"  # a start-up cache of its own: empty at first, and its calibration can be edited
+    monkeypatch.setenv(contract.CACHE_DIR, str(cache))
+    first = train(run, mnist_npz, epochs=1)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DefaultStrategy on CPU, 1 replica" in first.stdout
     # The CNN's dropout kernel was timed on this CPU (Keras' own against one XLA kernel) and the faster one kept.
     perf_one = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert perf_one["precision_source"] == "calibrated"
     assert perf_one["calibration"]["candidates"] == ["float32", "float32+xla_dropout"]
+    assert "perf: float32 (calibrated: float32 " in first.stdout
     (m1,) = rows(run / contract.METRICS)
     assert m1["epoch"] == 1 and m1["examples_per_s"] > 0 and 0 <= m1["val_accuracy"] <= 1
     (entry,) = read_manifest(run / contract.CHECKPOINTS)
@@ -88,14 +92,15 @@ def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path)
 
     # Same run directory, more epochs: continues from the checkpoint (epoch and optimizer state), under the other
     # dropout kernel (the cached choice flipped): a checkpoint is plain Keras whichever kernel wrote it.
-    cache = data / "perf-calibration.json"
-    entries = json.loads(cache.read_text())
+    (entry_file,) = (cache / "calibration").glob("*.json")
+    stored = json.loads(entry_file.read_text())
     other, kernel = ("float32", "keras") if perf_one["dropout"] == "xla" else ("float32+xla_dropout", "xla")
-    cache.write_text(json.dumps({key: {**entry, "variant": other} for key, entry in entries.items()}))
-    second = train(run, data / mnist_npz.name, epochs=3)
+    entry_file.write_text(json.dumps({**stored, "value": {**stored["value"], "variant": other}}))
+    second = train(run, mnist_npz, epochs=3)
     assert second.returncode == 0, second.stdout[-3000:]
     perf_two = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert (perf_two["precision_source"], perf_two["dropout"]) == ("cached", kernel)
+    assert "perf: float32 (cached from " in second.stdout  # the log says the choice came from the cache
     assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
     # Once per attempt, where it went on from and the steps trained again (the first attempt reached step 4).
     said = "resumed from step 4 (Keras, checkpoints/ckpt-000001.keras); 0 steps redone"

@@ -68,6 +68,8 @@ class LocalBackend(Backend[LocalHandle]):
 
     def launch_for(self, plan: Plan) -> container.Launch:
         if plan.run_id not in self._launches:
+            from runner.train import startcache
+
             data_dir = Path(plan.env[contract.DATA_DIR]) if contract.DATA_DIR in plan.env else None
             self._launches[plan.run_id] = container.plan_launch(
                 plan.spec.image,
@@ -75,6 +77,7 @@ class LocalBackend(Backend[LocalHandle]):
                 name=f"runner-{plan.run_id}",
                 data_dir=data_dir,
                 storage_root=Path(plan.storage_url) if plan.storage_is_local else None,
+                cache_dir=startcache.cache_dir(),
                 # Several workers talk over 127.0.0.1 and share the run directory: processes, not containers.
                 prefer="process" if plan.num_workers > 1 else self.prefer,
             )
