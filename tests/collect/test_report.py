@@ -214,5 +214,5 @@ def test_report_json_shape_of_a_run_directory(tmp_path: Path) -> None:
     }
     assert set(data["timeline"]) == {"origin", "attempts", "phases", "markers"}
     assert all(set(p) == {"name", "attempt", "start_s", "seconds", "evidence"} for p in data["timeline"]["phases"])
-    assert [c["id"] for c in data["charts"]] == ["timeline", "loss"]
+    assert [c["id"] for c in data["charts"]] == ["timeline", "goodput", "loss"]
     assert any("spec.yaml is corrupt" in w for w in data["warnings"])
