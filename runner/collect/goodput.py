@@ -320,13 +320,14 @@ def _redo_until(
     timeline: Timeline, attempt: int, step: int, reached: int, rows: Sequence[tuple[float, float, dict[str, Any]]]
 ) -> tuple[float, float] | None:
     """(from, until) of the attempt's training that trained again the steps up to `reached`: its training's start
-    (at `step`) to when its steps passed `reached`, between the two step counts that bracket it (its epochs' ends in
-    metrics.jsonl); None when no step of the attempt is timed."""
+    (at `step`, or one past it at its first step's end) to when its steps passed `reached`, between the two step
+    counts that bracket it (its epochs' ends in metrics.jsonl); None when no step of the attempt is timed."""
     training = [p for p in timeline.phases if p.attempt == attempt and p.name == "training"]
     if not training:
         return None
     start, end = training[0].start, training[-1].end
-    points = [(start, float(step))]
+    # at the first step's end (its compile is start-up's) the attempt has trained one step
+    points = [(start, float(step + 1 if training[0].evidence.startswith("first_step") else step))]
     for _, ended, row in rows:
         count = number(row.get("global_step"))
         if count is not None and start < ended <= end and timeline.attempt_at(ended) == attempt:

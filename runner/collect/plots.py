@@ -194,6 +194,11 @@ def timeline_chart(timeline: Timeline) -> Chart | None:
     return Chart("timeline", "Timeline", png, points, width, height)
 
 
+def _plain(text: str) -> str:
+    """Text as it reads: matplotlib takes what stands between two $ for math."""
+    return text.replace("$", r"\$")
+
+
 def _billed_parts(goodput: Goodput) -> list[tuple[str, str, float]]:
     """(cause, label, billed seconds) of every cause with billed time, productive first."""
     return [(c.key, c.label, c.billed_s) for c in goodput.causes if c.billed_s and c.billed_s > 0]
@@ -213,7 +218,7 @@ def goodput_chart(goodput: Goodput) -> Chart | None:
         share = 100 * seconds / goodput.billed_s
         dollars = f", {money(seconds * goodput.price.per_hour / 3600)}" if goodput.price is not None else ""
         colour = _CAUSE_COLOURS.get(key, "#607d8b")
-        name = f"{label}  {duration(seconds)} ({share:.0f}%{dollars})"
+        name = _plain(f"{label}  {duration(seconds)} ({share:.0f}%{dollars})")
         drawn += len(ax.barh([0], [seconds], left=left, height=0.6, color=colour, edgecolor="white", label=name))
         if share >= 8:
             ink = "#212121" if key in ("checkpoint_save", "unmeasured", "idle", "checkpoint_restore") else "white"
@@ -228,7 +233,7 @@ def goodput_chart(goodput: Goodput) -> Chart | None:
     head = "not measured" if percent is None else f"{percent:.0f}%"
     if goodput.usd is not None and goodput.billed_usd is not None:
         head += f", {money(goodput.usd)} of {money(goodput.billed_usd)}"
-    ax.set_title(f"Where the {'billed' if goodput.billable else 'machine'} time went: goodput {head}")
+    ax.set_title(_plain(f"Where the {'billed' if goodput.billable else 'machine'} time went: goodput {head}"))
     fig.legend(loc="outside lower center", ncol=2, frameon=False, fontsize=9)
     png, width, height = _png(fig)
     return Chart("goodput", "Goodput", png, {"causes": drawn}, width, height)

@@ -163,7 +163,7 @@ def prepare(
     train_data, test_ds = engine.feeds(data, cfg, resolved)
     steps = steps or train_data.steps
     if milestones is not None and chief:
-        milestones.took(DATA_LOADED, t0, source=data.source, train_examples=data.train_examples)
+        milestones.took(DATA_LOADED, t0, dataset=data.source, train_examples=data.train_examples)
     _say(f"[trainer] data: {_describe_data(data, cfg, replicas, steps)}")
     try:
         # Only the chief times the variants, for arrays of its model: the run's choice is one (one_choice).

@@ -151,9 +151,9 @@ def two_preemptions() -> tuple[list[Event], list[dict[str, object]]]:
 def test_two_preemptions_each_with_its_steps_redone_and_what_it_cost() -> None:
     events, rows = two_preemptions()
     g = goodput(events, rows, "v4-8", spot=True)
-    # Machine 2's training 280 -> 330 goes 140 -> 200: step 150 at 280 + 10/60 x 50. Machine 3's 420 -> 480 goes
-    # 200 -> 300: step 230 at 420 + 30/100 x 60 = 438.
-    redo_2, redo_3 = 50 / 6, 18.0
+    # Machine 2's training 280 -> 330 goes from step 141 (its first step done) to 200: step 150 at 280 + 9/59 x 50.
+    # Machine 3's 420 -> 480 goes 201 -> 300: step 230 at 420 + 29/99 x 60.
+    redo_2, redo_3 = 50 * 9 / 59, 60 * 29 / 99
     assert g.billed_s == pytest.approx(180 + 110 + 105)
     assert billed(g) == {
         "productive": round(147 + (50 - redo_2) + (60 - redo_3), 3),
@@ -188,7 +188,7 @@ def test_two_preemptions_each_with_its_steps_redone_and_what_it_cost() -> None:
     assert second.restart_s == pytest.approx(30 + 20)  # machine 2 after 330, machine 3 from 400 to 420
     per_second = 4 * catalog.generations()["v4"].spot_price / 3600
     assert second.usd == pytest.approx((50 + redo_3) * per_second)
-    assert second.lost_s == pytest.approx(68)
+    assert second.lost_s == pytest.approx(50 + redo_3)
     said = dict(g.rows())["disruption 1"]
     assert said.startswith("preemption of machine 1 at 3m20s: step 150 reached, resumed from step 140, 10 steps")
     assert [d["reached_step"] for d in g.to_json()["disruptions"]] == [150, 230]
