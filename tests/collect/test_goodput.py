@@ -354,3 +354,25 @@ def test_the_chart_stacks_every_cause_with_billed_time() -> None:
     with_time = [c.key for c in g.causes if c.billed_s]
     assert chart.points == {"causes": len(with_time)} == {"causes": 8}
     assert {"id": "goodput", "points": {"causes": 8}} in planned(build_timeline(events, rows), rows, g)
+
+
+def test_a_flex_start_instance_s_wait_is_not_told_apart_from_its_create() -> None:
+    """A Compute Engine flex-start instance waits PENDING inside its create; its handle does not say so, its spec
+    does (accelerator.provisioning: queued)."""
+    vm = {"kind": "instance", "name": "job-1", "zone": "us-central1-a"}
+    events = [
+        ev(0, "submitted"),
+        ev(1, "provisioning", handle=vm),
+        ev(900, "provisioned", handle=vm),
+        ev(910, "bootstrap_started", "bootstrap-0"),
+        ev(920, "container_started", "bootstrap-0"),
+        ev(925, "job_started", "worker-0"),
+        ev(990, "worker_exited", "worker-0", state="succeeded"),
+        ev(995, "delete_requested", "bootstrap-0"),
+    ]
+    assert goodput(events, [], "v5litepod-8").cause("capacity").waited_s == 0  # a create at once: it waited none
+    g = goodput(events, [], "v5litepod-8", queued=True)
+    capacity = g.cause("capacity")
+    assert capacity.billed_s == 0 and capacity.waited_s is None and "no event of its end" in capacity.note
+    assert g.cause("provisioning").waited_s == pytest.approx(900)
+    assert billed(g)["job"] == 65.0 and g.percent is None
