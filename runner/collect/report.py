@@ -214,6 +214,14 @@ def _cost_html(data: dict[str, Any]) -> str:
     return _table(rows) + _grid(["node", "READY at", "READY for", "ended by"], nodes, {2})
 
 
+def _waited(cause: dict[str, Any]) -> str:
+    """A cause's time that did not bill: a queued machine's wait for capacity is not measured; a cause that is not
+    measured at all says so once, in its billed column."""
+    if cause["waited_s"] is None:
+        return "not measured" if cause["cause"] == "capacity" else ""
+    return f"{cause['waited_s']:.1f}" if cause["waited_s"] else ""
+
+
 def _goodput_html(data: dict[str, Any], chart: Any) -> str:
     g = data.get("goodput")
     if g is None:
@@ -238,11 +246,7 @@ def _goodput_html(data: dict[str, Any], chart: Any) -> str:
             seconds(c["billed_s"]),
             "" if c["billed_s"] is None or not total else f"{100 * c['billed_s'] / total:.1f}%",
             "" if c["usd"] is None else money(c["usd"]),
-            ""
-            if c["waited_s"] is None and c["billed_s"] is not None
-            else seconds(c["waited_s"])
-            if c["waited_s"]
-            else "",
+            _waited(c),
             c["note"],
         ]
         for c in g["causes"]
