@@ -340,8 +340,9 @@ class Suite:
             return "rejected" if ctx.proc and ctx.proc.returncode == 2 else "no run"
         proc = ctx.cli("status", ctx.run_id, "--json", timeout=120)
         try:
-            return str(json.loads(proc.stdout)["state"])
-        except (ValueError, KeyError):
+            ctx.status = json.loads(proc.stdout)
+            return str(ctx.status["state"])
+        except (ValueError, KeyError, TypeError):
             return f"status error ({proc.returncode})"
 
     # -- measuring ------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ and two writers would overwrite each other:
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
                              (a command that wrote none: derived, "derived_from")   supervisor (worker 0)
+                             its "goodput", added once the run is over              `runner submit`
     exit/worker-N.json       terminal state and exit code of worker N               worker N
     report/index.html        the run's report page (a gs:// run directory's copy)   `runner report`
 

@@ -345,6 +345,10 @@ def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot, facts: RunF
     from runner.errors import RunnerError
 
     rows = facts.rows()
+    if facts.goodput is not None:
+        from runner.collect.goodput import record_in_summary
+
+        rows += [("summary.json", why)] if (why := record_in_summary(record.run_dir, facts.goodput)) else []
     try:
         from runner.collect.report import make_report
 

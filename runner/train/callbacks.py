@@ -314,9 +314,11 @@ class Checkpointer(_Callback):
         framework: str = "tensorflow",
         agreement: Agreement | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        on_saved: Callable[[Checkpoint, float], None] = lambda entry, seconds: None,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
+        self.on_saved = on_saved  # each save published, with the seconds it took (the run's goodput)
         self.keras_impl, self.data, self.framework = keras_impl, data, framework
         self.agreement = agreement
         self.on_stop = on_stop  # before TrainingInterrupted leaves fit: what on_train_end would have closed
@@ -324,6 +326,7 @@ class Checkpointer(_Callback):
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
     def save(self) -> Checkpoint:
+        t0 = time.monotonic()
         epochs_done, step = self.cursor.position
         name = checkpoint_name(epochs_done, step)
         tmp = self.store.temp_path(name)
@@ -339,6 +342,7 @@ class Checkpointer(_Callback):
         )
         self.newest = self.store.publish(tmp, entry)
         self.policy.saved()
+        self.on_saved(self.newest, time.monotonic() - t0)
         return self.newest
 
     def _saved_here(self) -> bool:

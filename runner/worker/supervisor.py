@@ -33,7 +33,7 @@ from typing import BinaryIO
 from runner import contract
 from runner.checkpoints import RESUMABLE, Listing, survey
 from runner.checkpoints.resumed import EVENT as RESUMED
-from runner.checkpoints.resumed import Resumed, furthest_step, latest, redone
+from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step, latest, redone
 from runner.redact import Redactor, job_secrets
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
@@ -112,6 +112,8 @@ class Supervisor:
         self._progress: tuple[object, ...] | None = None
         self.progress_at = time.time()
         self.resumed: dict[str, object] | None = None  # where a command job's attempt went on from (goes_on_from)
+        self.restored: dict[str, float | int | str] | None = None  # the checkpoints' download onto this machine
+        self.restored_at = 0.0
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -260,10 +262,14 @@ class Supervisor:
         restored = [key for key in pulled if key.startswith(f"{contract.CHECKPOINTS}/")]
         if restored:
             size = sum((self.output / key).stat().st_size for key in restored if (self.output / key).is_file())
+            took = time.monotonic() - t0
             self.note(
                 f"[runner] restored {len(restored)} checkpoint file(s), {size / 1e6:.1f} MB, from the run directory "
-                f"into {contract.CHECKPOINT_DIR} in {time.monotonic() - t0:.1f}s"
+                f"into {contract.CHECKPOINT_DIR} in {took:.1f}s"
             )
+            # said once the worker's event file is open (it is among what was pulled): the run's goodput
+            self.restored = {"seconds": round(took, 3), "stage": "download", "files": len(restored), "bytes": size}
+            self.restored_at = time.time()
         return pulled
 
     def goes_on_from(self, events: EventLog) -> dict[str, object] | None:
@@ -334,6 +340,8 @@ class Supervisor:
             command=cmd,
             restored=pulled,
         )
+        if self.restored is not None:
+            events.emit(RESTORED, happened_at=self.restored_at, **self.restored)
         if earlier and self.worker == 0 and contract.COMMAND in self.environ:
             self.resumed = self.goes_on_from(events)
         self.heartbeat("starting")

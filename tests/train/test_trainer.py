@@ -107,6 +107,17 @@ def test_trains_writes_the_contract_and_resumes(
     assert f"[trainer] {said}" in second.stdout and "resumed from step" not in first.stdout
     events = [json.loads(line) for line in (run / contract.events_key("trainer-0")).read_text().splitlines()]
     assert [e["text"] for e in events if e["event"] == "resumed_from_checkpoint"] == [said]
+    # What took time beside the steps, for the run's goodput: each attempt's data, each save, the second's restore.
+    took = [(e["event"], e.get("step") or e.get("stage")) for e in events if isinstance(e.get("seconds"), float)]
+    assert took == [
+        ("data_loaded", None),
+        ("checkpoint_saved", 4),
+        ("checkpoint_restored", "verify"),
+        ("data_loaded", None),
+        ("checkpoint_restored", "load"),
+        ("checkpoint_saved", 8),
+        ("checkpoint_saved", 12),
+    ]
     assert "Epoch 1/3" not in second.stdout
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
     summary = json.loads((run / contract.SUMMARY).read_text())
