@@ -32,7 +32,7 @@ from typing import Any
 
 from runner import contract
 
-PROGRESS_EVERY_S = 2.0
+PROGRESS_EVERY_S = contract.cadence(contract.PROGRESS_S)  # progress.json, which hang detection reads
 
 
 def _path(variable: str, given: str | Path | None) -> Path | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner import contract
 from runner.storage.local import write_atomic
 from runner.train.agreement import Agreement
 from runner.train.checkpoints import (
@@ -55,7 +56,7 @@ keras = _chosen_keras()
 _Callback: Any = keras.callbacks.Callback
 
 PRINT_EVERY_S = 5.0  # progress lines in the log
-PROGRESS_EVERY_S = 2.0  # progress.json, which hang detection reads
+PROGRESS_EVERY_S = contract.cadence(contract.PROGRESS_S)  # progress.json, which hang detection reads
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
