@@ -15,7 +15,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from runner.backends import plan_cloud
 from runner.launch.bootstrap import TEMPLATE, env_file, render
 from runner.spec import JobSpec
 from tests.conftest import REPO
+from tests.waiting import wait_for
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/tpu-runner/trainer:v1"
 ATTACKS = [
@@ -214,9 +214,7 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
     proc = subprocess.Popen(
         ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 20
-    while not (log / "running").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for((log / "running").exists, "the container to run")  # the signal only once it does, however slow
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) != 0
     assert "stop --time 25 tpu-runner-job" in (log / "docker.log").read_text()
