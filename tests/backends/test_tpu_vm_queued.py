@@ -109,7 +109,8 @@ def test_a_queued_resource_past_its_valid_until_fails_and_the_next_zone_is_tried
     result = submit(str(spec))
     assert result.exit_code == 0, result.output
     print(result.output)
-    assert re.search(r"queued resource \S+: FAILED \(1\ds\)", result.output), result.output
+    # FAILED once max_wait had passed (10 s or more, however late a loaded machine read it)
+    assert re.search(r"queued resource \S+: FAILED \((1\d|[2-9]\d|\d{3,})s\)", result.output), result.output
     assert "could not be provisioned before its valid-until time" in result.output  # the API's own reason
     assert f"{ZONES[0]}: FAILED after" in result.output and f"queueing in {ZONES[1]} next" in result.output
     assert "ran in the second zone" in result.output
