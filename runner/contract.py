@@ -27,6 +27,7 @@ This module has no dependencies so both sides (and user code) can import it chea
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +59,11 @@ CHECKPOINT_KEEP = "RUNNER_CHECKPOINT_KEEP"  # checkpoints.keep: the newest N are
 SEED = "RUNNER_SEED"  # the run's seed for keras_callbacks' shuffle replay (default: one derived from the run id)
 MAX_RUNTIME_S = "RUNNER_MAX_RUNTIME_S"
 DEADLINE = "RUNNER_DEADLINE"  # unix time when the run must be over, across restarts after preemptions
-HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
-SYNC_S = "RUNNER_SYNC_S"
+# The job's cadences in its container, in seconds (runner.timings' job_*_s set them; unset: these defaults).
+HEARTBEAT_S = "RUNNER_HEARTBEAT_S"  # each worker's heartbeat
+SYNC_S = "RUNNER_SYNC_S"  # the supervisor's copy of the output directory to a gs:// run directory
+PROGRESS_S = "RUNNER_PROGRESS_S"  # the trainer's (and keras_callbacks') progress.json, which hang detection reads
+CADENCES = {HEARTBEAT_S: 10.0, SYNC_S: 5.0, PROGRESS_S: 2.0}
 GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
@@ -86,6 +90,17 @@ TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 EXIT_DIR = "exit"
 REPORT_DIR = "report"
+
+
+def cadence(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """One of CADENCES from the job's environment; its default where unset or not a positive number (a job is
+    never stopped by a malformed cadence)."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    return value if value > 0 and value != float("inf") else CADENCES[name]
 
 
 def events_key(source: str) -> str:

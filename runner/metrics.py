@@ -38,7 +38,7 @@ from typing import Any
 from runner import contract
 from runner.storage.local import write_atomic
 
-PROGRESS_EVERY_S = 2.0  # progress.json while training: hang detection reads it
+PROGRESS_EVERY_S = contract.cadence(contract.PROGRESS_S)  # progress.json, which hang detection reads
 
 
 class Every:

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
     from tpu_emulator import TpuEmulator
 
 REPO = Path(__file__).resolve().parent.parent
-FAST_TIMINGS = "api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,follow_gcs_s=0.5,machine_status_every_s=1"
+FAST_TIMINGS = (
+    "api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,follow_gcs_s=0.5,machine_status_every_s=1,"
+    # the job's container: its copy to the bucket, heartbeat and progress.json as often as the runner reads
+    "job_sync_s=0.5,job_heartbeat_s=0.5,job_progress_s=0.5"
+)
 
 
 def free_port() -> int:

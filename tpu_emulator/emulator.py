@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -182,6 +184,34 @@ class TpuEmulator:
         self.launcher.stop_all(self.vm_grace_s)
         with self._requests_lock:
             self._requests.clear()
+
+    # -- time -----------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The emulator's clock stands still inside the block: nothing on its agenda happens (a create's or a
+        deletion's end, a stop's, a queued resource's next state), on either API, so a test can read a state that
+        lasts a fraction of a second however busy the machine is. What fell due meanwhile happens at the block's
+        end, in order, each at the time it was due."""
+        clouds = (self.cloud, self.compute.cloud)
+        for cloud in clouds:
+            with cloud.lock:
+                cloud.agenda.held = True
+        try:
+            yield
+        finally:
+            for cloud in clouds:
+                with cloud.lock:
+                    cloud.agenda.held = False
+                    cloud.settle()
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass for the emulated Cloud TPU and Compute Engine: what is due within them happens now, in
+        order, the rest that much sooner (a slow create or delete, rehearsed without waiting it out)."""
+        with self.cloud.lock:
+            self.cloud.agenda.advance(seconds)
+            self.cloud.settle()
+        self.compute.advance(seconds)
 
     # -- inspection ---------------------------------------------------------------------------------------------
 
@@ -464,9 +494,9 @@ class TpuEmulator:
             self.cloud.spawn(group.stop, self.vm_grace_s)
         return name
 
-    def maintain(self, node: str, state: str = "REPAIRING", seconds: float = 5.0) -> str:
-        """The node shows `state` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...) for `seconds`, then READY again; its VMs go
-        on. Returns the node's full name."""
+    def maintain(self, node: str, state: str = "REPAIRING", seconds: float | None = 5.0) -> str:
+        """The node shows `state` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...) for `seconds` (None: until
+        end_maintenance), then READY again; its VMs go on. Returns the node's full name."""
         with self.cloud.lock:
             self.cloud.settle()
             name = self._resolve(node)
@@ -482,6 +512,12 @@ class TpuEmulator:
             name = self._resolve(node)
             self.cloud.get_node(name).maintenance_event = event
         return name
+
+    def end_maintenance(self, node: str) -> None:
+        """The node maintain put in a state is READY again now."""
+        with self.cloud.lock:
+            self.cloud.settle()
+            self.cloud.end_maintenance(self._resolve(node))
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 

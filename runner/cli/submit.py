@@ -79,13 +79,15 @@ def submit(
     if local:
         from runner.plan.planner import plan_local
 
-        plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
+        plan = plan_local(spec, str(spec_path), storage=storage, workers=workers, timings=timings)
     else:
         from runner.backends import plan_cloud
         from runner.plan.target import Problems
 
         problems = Problems()  # every pre-flight problem, not only the first
-        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
+        plan = plan_cloud(
+            spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems, timings=timings
+        )
         if not dry_run:
             problems.raise_all()
     launch(plan, backend_for(plan, process, timings), problems, dry_run=dry_run, detach=detach, timings=timings)
@@ -128,13 +130,13 @@ def resume(
         from runner.plan.planner import plan_local
 
         workers = 1 if is_cloud(record.backend) else record.num_workers
-        plan = plan_local(spec, record.spec_path, workers=workers, continued=continued)
+        plan = plan_local(spec, record.spec_path, workers=workers, continued=continued, timings=timings)
     else:
         from runner.backends import plan_cloud
         from runner.plan.target import Problems
 
         problems = Problems()
-        plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems)
+        plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems, timings=timings)
         problems.raise_all()
     attempt = len(record.attempts) + 2
     say(f"resuming {record.run_id} ({state}) as its attempt {attempt}")

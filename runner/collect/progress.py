@@ -39,12 +39,17 @@ class Standing:
 
     def eta_s(self) -> float | None:
         p, per_epoch = self.progress, self.epoch_s
-        if p is None or per_epoch is None or p.epoch is None or p.epochs is None:
+        if p is None or p.epoch is None or p.epochs is None:
             return None
         fraction = 0.0
         if p.step is not None and p.steps_per_epoch:
             fraction = min(1.0, p.step / p.steps_per_epoch)
-        left = max(0.0, (p.epochs - p.epoch) + (1.0 - fraction)) * per_epoch
+        epochs_left = max(0.0, (p.epochs - p.epoch) + (1.0 - fraction))
+        if not epochs_left:
+            return 0.0  # every step done: nothing is left, though epochs too short for Keras' "0s" leave no speed
+        if per_epoch is None:
+            return None
+        left = epochs_left * per_epoch
         if p.time is not None:  # progress.json is a few seconds old: that time has passed already
             left -= max(0.0, self.now - p.time)
         return max(0.0, left)
@@ -69,7 +74,8 @@ class Standing:
         eta = self.eta_s()
         if eta is None:
             return None
-        return f"about {duration(eta)} left  ({self.epoch_s:.1f}s per epoch)"
+        speed = f"  ({self.epoch_s:.1f}s per epoch)" if self.epoch_s is not None else ""
+        return f"about {duration(eta)} left{speed}"
 
     def last_metrics_text(self) -> str | None:
         return metrics_text(self.metrics[-1]) if self.metrics else None

@@ -25,6 +25,7 @@ from runner.plan.budget import RuntimeLimit, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
 from runner.spec.secrets import SecretRef
+from runner.timings import Timings
 
 T = TypeVar("T")
 
@@ -109,9 +110,17 @@ def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
 
 
 def job_env(
-    spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, deadline: float, num_workers: int = 1
+    spec: JobSpec,
+    run_id: str,
+    run_dir: str,
+    *,
+    strategy: str,
+    deadline: float,
+    num_workers: int = 1,
+    timings: Timings | None = None,
 ) -> dict[str, str]:
-    """The environment every worker's container gets: the spec's env, then the contract (which wins)."""
+    """The environment every worker's container gets: the spec's env, then the contract (which wins), with the
+    runner's job cadences (runner.timings) where they are not the container's defaults."""
     env = dict(spec.env)
     env.update(
         {
@@ -138,6 +147,7 @@ def job_env(
         env[contract.REQUIREMENTS] = requirements.encode()  # a process run installs them; an image holds them
     if spec.secrets:  # names only: the supervisor redacts what these variables hold
         env[contract.SECRETS] = json.dumps({name: secret.as_ for name, secret in sorted(spec.secrets.items())})
+    env.update((timings or Timings()).job_env())
     return env
 
 
@@ -215,10 +225,12 @@ def plan_local(
     strategy: str = "auto",
     workers: int = 1,
     continued: Continued | None = None,
+    timings: Timings | None = None,
 ) -> Plan:
     """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
     the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
-    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with."""
+    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with.
+    `timings`: the runner's, whose job cadences the job gets."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
     now = time.time()
@@ -231,7 +243,7 @@ def plan_local(
     deadline = now + spec.teardown.max_runtime
     if workers > 1:
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
-    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers)
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers, timings=timings)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
     planned = (
@@ -323,6 +335,7 @@ def plan_cloud(
     nonce: str | None = None,
     problems: Problems | None = None,
     continued: Continued | None = None,
+    timings: Timings | None = None,
 ) -> Plan:
     """A run on a cloud machine, whose target `resolve` gives (the chosen backend's: runner.backends.resolver).
     Raises PlanError (exit 2) for anything that would fail after paying: the first problem, or with `problems`
@@ -367,7 +380,7 @@ def plan_cloud(
     # Worker ids are global across the slices of a multislice: slice s, host h is worker s * hosts + h.
     workers = target.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
-    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
+    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers, timings=timings)
     if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
         env[contract.TPU_NAME] = target.machine_id if target.accelerator.multi_host else "local"
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled

@@ -74,8 +74,8 @@ class Supervisor:
         self.environ = environ
         self.run_dir = environ[contract.RUN_DIR]
         self.worker = int(environ.get(contract.WORKER_ID, "0"))
-        self.heartbeat_s = float(environ.get(contract.HEARTBEAT_S, "10"))
-        self.sync_s = float(environ.get(contract.SYNC_S, "5"))
+        self.heartbeat_s = contract.cadence(contract.HEARTBEAT_S, environ)
+        self.sync_s = contract.cadence(contract.SYNC_S, environ)
         self.grace_s = float(environ.get(contract.GRACE_S, "30"))
         # Whoever sent the SIGTERM (the runner, `docker stop`, a Spot VM's preemption) kills the whole group when the
         # same grace ends, so the job gets the grace less what this process needs after it: without the reserve, a

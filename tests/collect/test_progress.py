@@ -34,6 +34,16 @@ def test_epoch_steps_eta_and_last_metrics() -> None:
     ]
 
 
+def test_a_finished_run_has_nothing_left_even_when_its_epochs_were_too_short_to_time() -> None:
+    """Keras prints "0s" for an epoch under half a second: such epochs give no speed, yet the last step of the last
+    epoch leaves nothing to wait for (a fast machine made `runner status` say the ETA was unknown)."""
+    quick = [{"epoch": n, "loss": 0.5, "epoch_time_s": 0.0} for n in (1, 2, 3)]
+    done = standing(Progress(time=100.0, epoch=3, epochs=3, step=29, steps_per_epoch=29), quick, now=104.0)
+    assert done.eta_s() == 0.0 and ("eta", "about 0s left") in done.rows()
+    going = standing(Progress(time=100.0, epoch=3, epochs=3, step=10, steps_per_epoch=29), quick, now=104.0)
+    assert going.eta_s() is None and not any(label == "eta" for label, _ in going.rows())
+
+
 def test_no_eta_before_an_epoch_ended_and_whatever_user_code_wrote() -> None:
     assert standing(Progress(step=7), []).rows() == [("progress", "step 7")]
     assert standing(Progress(epoch=1, epochs=3, step=5, steps_per_epoch=0), []).eta_s() is None

@@ -218,7 +218,7 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
     proc = subprocess.Popen(
         ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for(lambda: (log / "running").exists(), what="the container running")
+    wait_for((log / "running").exists, "the container to run")  # the signal only once it does, however slow
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) != 0
     assert "stop --time 87 tpu-runner-job" in (log / "docker.log").read_text()  # an on-demand VM's grace

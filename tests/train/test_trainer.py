@@ -20,6 +20,7 @@ from runner import contract
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
 from runner.train.cpu import CPU_FLAGS_ENV
+from tests.stops import PROGRESS_S, freeze_mid_epoch, job_pid, sigterm_pending
 from tests.train.test_checkpoints import weights_offset
 from tests.waiting import wait_for
 
@@ -46,6 +47,7 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
             # from this machine's timings (tests/bench and the perf tests cover both paths). The CNN's dropout
             # kernel is still timed; the first test runs both kernels.
             CPU_FLAGS_ENV: NO_NATIVE_BF16,
+            contract.PROGRESS_S: PROGRESS_S,  # where a test that freezes the trainer reads its step (tests/stops)
         }
     )
     return env
@@ -223,32 +225,6 @@ SAVED_ON_SIGTERM = re.compile(
 )
 
 
-def job_pid(run: Path) -> int:
-    events = [json.loads(line) for line in (run / "events" / "worker-0.jsonl").read_text().splitlines()]
-    return int(next(e["pid"] for e in events if e["event"] == "job_started"))
-
-
-def sigterm_pending(pid: int) -> bool:
-    """Whether SIGTERM waits for the (stopped) process: the supervisor has forwarded it."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("ShdPnd:"):
-            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-    return False
-
-
-def mid_epoch(run: Path, proc: subprocess.Popen[str]) -> dict | None:
-    """progress.json when it shows an epoch after the first in progress; None while it does not yet. The file is read
-    before the job is asked whether it ended, so a slow answer to that (a container engine's) misses no window."""
-    try:
-        progress = json.loads((run / contract.PROGRESS).read_text())
-    except (OSError, ValueError):
-        progress = None
-    if progress and progress["epoch"] >= 2 and 0 < progress["step"] < progress["steps_per_epoch"]:
-        return progress
-    assert proc.poll() is None, "the job ended before it was seen mid-epoch"
-    return None
-
-
 ENGINES = {"keras3": {"keras": "keras3"}, "tf_keras": {"keras": "tf_keras"}, "jax": {"framework": "jax"}}
 
 
@@ -273,14 +249,16 @@ def test_sigterm_mid_epoch_saves_exactly_and_the_resume_trains_the_same_steps(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    seen = wait_for(
-        lambda: mid_epoch(run, proc), "progress.json to show an epoch after the first in progress", poll_s=0.002
+    pid = wait_for(lambda: job_pid(run), "the trainer to start")
+    # Frozen mid-epoch (tests/stops), so the SIGTERM lands there however loaded this machine is; the supervisor
+    # forwards it as it would a preemption's, and the trainer acts on it at its next step end.
+    seen = freeze_mid_epoch(
+        run / contract.PROGRESS,
+        pid,
+        lambda: None if proc.poll() is None else proc.communicate()[0][-3000:],
+        "the trainer",
+        after_epoch=1,
     )
-    assert isinstance(seen, dict)
-    # Freeze the trainer where it was seen, so the SIGTERM lands mid-epoch however loaded this machine is; the
-    # supervisor forwards it as it would a preemption's, and the trainer acts on it at its next step end.
-    pid = job_pid(run)
-    os.kill(pid, signal.SIGSTOP)
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: sigterm_pending(pid), "the supervisor to forward SIGTERM", timeout=30)
     os.kill(pid, signal.SIGCONT)
