@@ -305,6 +305,9 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
 
     table = Table("run", "job", "backend", "state", "created", "result", "cost", "goodput", box=None, pad_edge=False)
     table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies
+    # The state is what a look at the list is for: never cut to "st…" on a narrow terminal (the date wraps instead).
+    table.columns[3].min_width = max(len(str(entry["state"])) for entry in entries)
+    table.columns[6].min_width, table.columns[7].min_width = len("cost"), len("goodput")
     for entry in entries:
         accuracy, last = entry["test_accuracy"], entry["last_metrics"]
         # the test accuracy (the trainer's, or a command's evaluate()); else a command's last metrics (its

@@ -114,10 +114,19 @@ now() {
 
 # event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
 event() {
+  event_line "$@"
+  put_events
+}
+
+# event_line NAME [FIELDS]: the event on this disk only; the next put_events (every event() does one) carries it.
+event_line() {
   local at
   now at
   printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$at" "$WORKER" "$1" "${2:+, $2}" \
     >>"${WORKDIR}/events.jsonl"
+}
+
+put_events() {
   put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
 }
 
@@ -414,10 +423,13 @@ notice() {
     sleep 1  # a server that answers at once (no wait_for_change) is not asked in a busy loop
   done
   log "instance/$1 is ${value}: stopping the job, with ${STOP_S}s to save"
-  kill -TERM "$$"
   local value_json
   json_str value_json "$value"
-  event "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
+  # On this disk before the stop, whose end kills this watch: container_exited's upload carries it if this one
+  # does not get to.
+  event_line "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
+  kill -TERM "$$"
+  put_events
 }
 notices=()
 set -m

@@ -200,6 +200,7 @@ EXIT: Schema = _object(
         "started_at": MAYBE_NUMBER,
         "error": MAYBE_STRING,
         "tail": STRINGS,
+        "peer_stop": {"type": "boolean"},
     }
 )
 

@@ -63,8 +63,9 @@ def test_a_step_calls_only_the_callbacks_that_need_one(tmp_path: Path, mnist_npz
     )
     assert done.returncode == 0, done.stderr[-3000:]
     hooks = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("HOOKS "))[6:])
-    assert hooks["inner"] == ["Cursor", "EpochMetrics", "Progress", "EpochBoard", "Checkpointer"]
-    assert hooks["batch_end"] == ["Cursor", "Progress", "Checkpointer"]
+    assert hooks["inner"] == ["Cursor", "EpochMetrics", "Progress", "EpochBoard", "Checkpointer", "FirstStep"]
+    # FirstStep records the first step that trained (the start-up milestone), then costs a flag check a step.
+    assert hooks["batch_end"] == ["Cursor", "Progress", "Checkpointer", "FirstStep"]
     assert hooks["test_batch_end"] == ["Progress"]
     assert hooks["board_batch_hooks_are_keras_defaults"] and hooks["implementing_skips_defaults"]
     # What the callbacks are for is all there: a metrics line per epoch (with Keras' validation), the progress,
