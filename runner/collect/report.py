@@ -220,6 +220,13 @@ def _waited(cause: dict[str, Any]) -> str:
     return f"{cause['waited_s']:.1f}" if cause["waited_s"] else ""
 
 
+def _shown(cause: dict[str, Any]) -> bool:
+    """A row of the goodput table: a cause that took time, or one not measured (said as such); productive steps
+    always. A measured nought is no row (the JSON keeps every cause)."""
+    took = (cause["billed_s"] or 0.0) >= 0.05 or (cause["waited_s"] or 0.0) >= 0.05
+    return cause["cause"] == "productive" or took or cause["billed_s"] is None or _waited(cause) == "not measured"
+
+
 def _goodput_html(data: dict[str, Any], chart: Any) -> str:
     g = data.get("goodput")
     if g is None:
@@ -248,6 +255,7 @@ def _goodput_html(data: dict[str, Any], chart: Any) -> str:
             c["note"],
         ]
         for c in g["causes"]
+        if _shown(c)
     ]
     parts.append(_grid(["cause", "billed (s)", "share", "$", "not billed (s)", "note"], rows, {1, 2, 3, 4}))
     lost = [
