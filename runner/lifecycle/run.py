@@ -33,20 +33,22 @@ from typing import Any
 
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, StorageError, UsageError
+from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, SpecError, StorageError, UsageError
 from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
 from runner.launch.datacache import share_data
+from runner.lifecycle.failure import runner_failed
 from runner.lifecycle.heartbeat import RunnerHeartbeat
+from runner.lifecycle.policy import should_delete
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog, machine_end
+from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.storage.parallel import delete_many, list_many
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
-from runner.watch.follow import Sight, follow, tail_for
+from runner.watch.follow import Sight, fault, follow, say_event, show_new, tail_for
 from runner.watch.rundir import Snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
@@ -62,23 +64,6 @@ class Outcome:
     state: RunState
     snapshot: Snapshot | None
     detached: bool = False
-
-
-def should_delete(policy: str, state: RunState, attached: bool) -> bool:
-    """on_success keeps a failed machine for debugging; a safety stop (timed out, hung) never keeps one."""
-    if attached or policy == "never":
-        return False
-    if policy == "on_success":
-        return state not in (RunState.FAILED, RunState.LOST)
-    return True
-
-
-def _show_event(event: Event, say: Callable[[str], None]) -> None:
-    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
-    if event.source.startswith("runner"):
-        return
-    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
-    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
 class _Retry(Exception):
@@ -133,6 +118,7 @@ class Run:
         self.since: float | None = None  # the storage's time when this attempt's machine was asked for
         self.preemptions = self.failures = self.silent_boots = 0
         self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
+        self.watchdog: Watchdog | None = None  # the current attempt's
 
     # -- record ---------------------------------------------------------------------------------------------------
 
@@ -208,14 +194,16 @@ class Run:
             handle,
             status_every_s=self.status_every_s,
             stale_s=self.stale_s,
+            stop_grace_s=self.grace_s,
             sight=self.sight,
             say=self.say,
         )
+        self.watchdog = dog
         verdict: list[Verdict] = []
 
         def on_event(event: Event) -> None:
             dog.on_event(event)
-            _show_event(event, self.say)
+            say_event(event, self.say)
 
         def stop(snapshot: Snapshot) -> bool:
             if self.record.state == RunState.STARTING and dog.running(snapshot):
@@ -311,7 +299,8 @@ class Run:
                 raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
-        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers)
+        notice = self.watchdog.notice if self.watchdog is not None else None
+        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers, notice)
         if end.taken_back:
             if self.preemptions >= retries.preemptions:
                 self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
@@ -325,6 +314,8 @@ class Run:
             # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
             # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
             what = "the machine was preempted: recreating it"
+            if end.notice is not None:  # the job was stopped at the notice; the API shows the machine still
+                what = f"{NOTICES[end.notice]} (the job was stopped at once): recreating the machine"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions})")
@@ -356,6 +347,15 @@ class Run:
             raise _Retry
         return state
 
+    def _failed(self, exc: Exception, left_running: bool) -> RunnerError:
+        """A fault of this runner's own (runner.lifecycle.failure): said, with the job left running or stopped."""
+        what = fault(exc)
+        self.events.emit("runner_failed", error=what, job="left running" if left_running else "stopped")
+        if not left_running:
+            self.events.hold()
+            self.reason = f"the runner failed: {what}"
+        return runner_failed(self.plan.run_id, what, left_running=left_running)
+
     def _let_the_chief_save(self) -> None:
         """One slice of a multislice taken back: its hosts got the preemption notice, and through the workers'
         agreement (runner.train.agreement) every worker stops at one step, where the chief (worker 0) saves. Cloud
@@ -369,7 +369,7 @@ class Run:
         self.say(f"waiting up to {self.grace_s:.0f}s for the workers to stop at one step and worker 0 to save")
         deadline = time.monotonic() + self.grace_s
         last = self._follow(
-            lambda event: _show_event(event, self.say), lambda snap: chief_exited(snap) or time.monotonic() > deadline
+            lambda event: say_event(event, self.say), lambda snap: chief_exited(snap) or time.monotonic() > deadline
         )
         if chief_exited(last):
             self.say("worker 0 has stopped")
@@ -470,7 +470,8 @@ class Run:
             self.view.since = self.since
             final = self.view.poll(metrics=True, summary=True)
             self.view.read_streams(flush=True)  # what the job wrote and said as it ended, or while it was stopped
-            self._show_rest()
+            # What following did not show: the end's output and events, after the verdict.
+            show_new(self.view, self.seen, lambda event: say_event(event, self.say), self.on_output)
         except StorageError as exc:
             unreadable, final = exc, self.snapshot or Snapshot([], None, [], None)
         if final.exits:
@@ -488,17 +489,6 @@ class Run:
             self.events.flush()  # what waited for storage, once more
         except StorageError as exc:
             self.say(f"warning: some of this run's events are not in its run directory: {exc.message}")
-
-    def _show_rest(self) -> None:
-        """What the view read and following did not show: the end's output and events, after the verdict."""
-        events, output = self.view.drain()
-        for event in events:
-            key = (event.time, event.source, event.event)
-            if key not in self.seen:
-                self.seen.add(key)
-                _show_event(event, self.say)
-        if output:
-            self.on_output(output)
 
     # -- the whole run --------------------------------------------------------------------------------------------
 
@@ -523,7 +513,11 @@ class Run:
                         left_running, self.state = True, RunState.STARTING
                         return Outcome(self.record, self.state, None, detached=True)
                     self.say("following the run; Ctrl-C stops it and tears everything down")
-                    verdict, self.snapshot = self.watch(handle)
+                    try:
+                        verdict, self.snapshot = self.watch(handle)
+                    except Exception as exc:  # a fault of this runner's own, not the job's: the job is left as it is
+                        left_running = not isinstance(exc, RunnerError | Interrupted)
+                        raise
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
                     except _Retry as retry:
@@ -539,7 +533,7 @@ class Run:
             self.state = RunState.CANCELLED
             self.say(f"{exc}: stopping the run")
             self.events.emit("cancel_requested", signal=str(exc))
-        except BackendError as exc:
+        except (BackendError, SpecError) as exc:  # SpecError: the job's own requirements, refused by pip (deps)
             self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             self.events.emit("provision_failed", error=exc.message)
@@ -550,6 +544,10 @@ class Run:
             self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             raise
+        except Exception as exc:
+            if isinstance(exc, RunnerError):
+                raise
+            raise self._failed(exc, left_running) from exc
         finally:
             try:
                 self.teardown(left_running)

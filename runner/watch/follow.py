@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any
 
 from runner import contract
@@ -28,6 +29,9 @@ from runner.watch.view import RunDirView
 # Between reads of a run directory that cannot be read: doubling from the follow interval up to this.
 MAX_BACKOFF_S = 30.0
 REMIND_S = 60.0  # how often "still cannot read" is said while it lasts
+# A read that fails with an error no storage raises is a fault of this runner's reading, met while a job rewrites
+# what it reads: said, and read again at the next poll; this many in a row, and it is raised to the caller.
+UNEXPECTED_IN_A_ROW = 3
 
 
 class Sight:
@@ -186,23 +190,19 @@ def follow(
     While the run directory cannot be read, `sight` says so and the reads back off; `stop` is asked about the last
     snapshot read only with `judge_blind` (a caller whose judgement rests on more than the run directory: the API,
     its own deadlines), and then also every `interval_s` while a poll is slow: those never wait on storage.
-    BucketMissing ends it: the bucket is gone."""
+    BucketMissing ends it: the bucket is gone. A read that fails unexpectedly (not a StorageError: a fault of the
+    runner's own reading) is said and tried again at the next poll; UNEXPECTED_IN_A_ROW such failures in a row are
+    raised."""
     tail = tail or LogTail(run_dir, worker)
     view = view or RunDirView(run_dir, tail=tail, events=on_event is not None)
     view.since = since
     seen = seen_events if seen_events is not None else set()
     sight = sight or Sight(None, interval_s)
     last = Snapshot([], None, [], None)
+    unexpected = 0
 
     def show() -> None:
-        events, output = view.drain()
-        for event in events:
-            key = (event.time, event.source, event.event)
-            if on_event is not None and key not in seen:
-                seen.add(key)
-                on_event(event)
-        if output:
-            on_output(output)
+        show_new(view, seen, on_event, on_output)
 
     def judge_while(future: Future[Any]) -> Any:
         """The future's result; meanwhile `stop` judges the last snapshot every interval (judge_blind)."""
@@ -238,6 +238,14 @@ def follow(
                     return last
                 time.sleep(wait)
                 continue
+            except Exception as exc:
+                unexpected += 1
+                if unexpected >= UNEXPECTED_IN_A_ROW:
+                    raise
+                sight.say(f"warning: reading the run directory failed ({fault(exc)}); reading it again")
+                time.sleep(interval_s)
+                continue
+            unexpected = 0
             sight.back()
             show()
             last = snapshot
@@ -259,6 +267,31 @@ def follow(
     finally:
         reader.shutdown(wait=False)
         streams.shutdown(wait=False)
+
+
+def show_new(
+    view: RunDirView,
+    seen: set[tuple[float, str, str]],
+    on_event: Callable[[Event], None] | None,
+    on_output: Callable[[bytes], None],
+) -> None:
+    """What `view` read and was not shown yet: its events not in `seen` (kept there), then its output."""
+    events, output = view.drain()
+    for event in events:
+        key = (event.time, event.source, event.event)
+        if on_event is not None and key not in seen:
+            seen.add(key)
+            on_event(event)
+    if output:
+        on_output(output)
+
+
+def say_event(event: Event, say: Callable[[str], None]) -> None:
+    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
+    if event.source.startswith("runner"):
+        return
+    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
+    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
 def _storage(exc: BaseException) -> bool:
@@ -285,3 +318,12 @@ def _read_or(fallback: Snapshot, read: Callable[[], Snapshot]) -> Snapshot:
         raise
     except StorageError:
         return fallback
+
+
+def fault(exc: BaseException) -> str:
+    """'FileNotFoundError: [Errno 2] ... (local.py:97)': an unexpected error, and where it was raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {str(exc)[:300]}{where}"
