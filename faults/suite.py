@@ -136,12 +136,10 @@ class Suite:
     def __enter__(self) -> Suite:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._gcs_endpoint is None:
-            from gcp_storage_emulator.server import create_server
+            from tpu_emulator.gcs import StorageServer
 
-            port = _free_port()
-            self._gcs_server = create_server("127.0.0.1", port, in_memory=True, default_bucket=self.bucket)
-            self._gcs_server.start()
-            self._gcs_endpoint = f"http://127.0.0.1:{port}"
+            self._gcs_server = StorageServer("127.0.0.1", _free_port(), bucket=self.bucket).start()
+            self._gcs_endpoint = self._gcs_server.endpoint
         self._env_before = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = self.gcs  # this process reads the run directories directly
         return self
