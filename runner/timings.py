@@ -35,6 +35,10 @@ class Timings:
     # One read or write of a run directory on Cloud Storage retries this long, then it is "unknown" (said, and tried
     # again later): the runner's own deadlines and the API's word on a machine do not wait on storage.
     storage_patience_s: float = 20.0
+    # The lease of the runner that owns a run (runner.lifecycle.lease): rewritten this often while it lives, and
+    # taken over once Cloud Storage has stored no refresh of it for lease_ttl_s (by the storage's own clock).
+    lease_refresh_s: float = 20.0
+    lease_ttl_s: float = 120.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:

@@ -11,11 +11,15 @@ own max_runtime from now on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from runner import contract
+from runner.backends.base import Backend, MachineState
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.spec import JobSpec
 from runner.spec.loader import load_spec_text
-from runner.storage import Storage
+from runner.storage import Storage, open_storage
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState
 
@@ -36,6 +40,40 @@ def check_resumable(record: RunRecord, state: RunState) -> None:
         hint=f"`runner status {record.run_id}` follows it; `runner down {record.run_id}` stops it, and then it can "
         "be resumed",
     )
+
+
+def resumable_now(run: str, say: Callable[[str], None]) -> tuple[RunRecord, RunState, Storage]:
+    """The run (by id or run directory), its state now and its run directory; UsageError unless it can be
+    resumed."""
+    from runner.backends import run_state
+    from runner.watch.lookup import resolve
+    from runner.watch.rundir import read_snapshot
+
+    record = resolve(run)
+    storage = open_storage(record.run_dir)
+    warnings: list[str] = []
+    state = run_state(record, read_snapshot(storage, with_metrics=False), warnings)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    check_resumable(record, state)
+    return record, state, storage
+
+
+def no_machines_left(record: RunRecord, backend: Backend[Any]) -> None:
+    """UsageError while a machine an earlier attempt created is still there (its record keeps it until it is
+    confirmed gone): the next attempt's machine would take its name, or run beside it."""
+    for data in record.machines:
+        try:
+            handle = backend.handle_from_dict(data)
+            state = backend.status(handle)
+        except RunnerError:
+            continue  # a handle this runner cannot read: nothing it could do with it either
+        if state != MachineState.GONE:
+            raise UsageError(
+                f"run {record.run_id}: {backend.describe_handle(handle)} of an earlier attempt is still there "
+                f"({state}): a new attempt would run beside it",
+                hint=f"`runner down {record.run_id}` deletes it; then resume",
+            )
 
 
 def recorded_spec(storage: Storage, run_dir: str, overrides: list[str]) -> JobSpec:

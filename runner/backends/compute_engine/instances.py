@@ -80,6 +80,7 @@ class Instances:
             name,
             "instance",
             nonce=handle.nonce,
+            run_id=plan.run_id,
             send=lambda: api.insert("instance", instance_request(plan, zone, name), project=project, zone=zone),
             found_labels=lambda: labels_of(self.get(handle)),
             wait=lambda operation: self._ready(handle, operation, plan),

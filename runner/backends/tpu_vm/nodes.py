@@ -20,7 +20,7 @@ from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import NodeHandle
 from runner.backends.tpu_vm.requests import node_request, target_of
 from runner.backends.zones import first_with_capacity
-from runner.errors import BackendError, Preempted
+from runner.errors import BackendError, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -42,6 +42,15 @@ STATES = {
     "HIDDEN": MachineState.UNKNOWN,
     "STATE_UNSPECIFIED": MachineState.UNKNOWN,
 }
+
+
+def vanished(handle: NodeHandle, how: str) -> Vanished:
+    return Vanished(
+        f"TPU node {handle.node_id} was deleted while it was being created ({how}): by `runner down`, in the "
+        "console or by Cloud TPU",
+        hint=f"`runner status RUN` shows the run; `gcloud compute tpus operations list --zone={handle.zone}` who "
+        "deleted it",
+    )
 
 
 def machine_state(node: Any | None) -> MachineState:
@@ -85,6 +94,7 @@ class Nodes:
             node_id,
             "TPU node",
             nonce=handle.nonce,
+            run_id=plan.run_id,
             send=lambda: api.create_node(project, zone, node_id, node_request(plan, zone, node_id)),
             found_labels=lambda: labels_of(api.get_node(project, zone, node_id)),
             wait=lambda operation: self._ready(handle, operation, plan.deadline),
@@ -110,6 +120,9 @@ class Nodes:
                 op = api.get_operation(operation, project=handle.project, zone=handle.zone)
                 done, ended_at = op.done, op.ended_at
                 if op.failure is not None:
+                    gone = api.get_node(handle.project, handle.zone, handle.node_id)
+                    if gone is None or gone.state.name == "DELETING":  # the create failed because it was deleted
+                        raise vanished(handle, f"its create operation ended {op.failure.code}")
                     raise explain(
                         op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
                     )
@@ -118,6 +131,8 @@ class Nodes:
             if state != last:
                 say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
+            if state == "DELETING":
+                raise vanished(handle, "it is DELETING")
             if state == "READY" or (done and node is None):
                 return ended_at  # created (a job short enough may already have deleted its node: the watch sees it)
             if state in ("PREEMPTED", "TERMINATED"):
