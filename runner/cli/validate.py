@@ -19,7 +19,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
     JSON document; the exit code (0, or 2 if any failed)."""
     from runner import backends
     from runner.errors import SpecError
-    from runner.plan import datacheck
+    from runner.plan import datacheck, limits
     from runner.spec.loader import load_spec, shown
 
     verdicts: list[dict[str, Any]] = []
@@ -36,6 +36,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
         _, findings = backends.findings(spec)
         errors = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if f.error]
         errors += datacheck.problems(spec, Path.cwd())
+        errors += limits.env_in_metadata_problems(spec.env)  # what a TPU VM's startup script could not carry
         verdict |= {"job": spec.name, "problems": errors}
         verdict["warnings"] = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
         if errors:

@@ -7,6 +7,7 @@ reads the spec file or the user's flags itself.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import variants
 from runner.launch.imageref import ImageRef
+from runner.plan import limits
 from runner.plan.budget import RuntimeLimit, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
@@ -153,6 +155,9 @@ def plan_local(
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
     env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
+    # The job's process gets this machine's environment and the job's: what execve can take is this machine's.
+    if found := limits.exec_problems(spec.command or [], {**os.environ, **env}, os.sysconf("SC_ARG_MAX")):
+        raise PlanError("\n".join(found), hint="keep large values out of `env:`: put them in a file the job reads")
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
     return Plan(
         spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline, num_workers=workers, limit=limit

@@ -2,9 +2,10 @@
 read for their state, and deleted on their own.
 
 Instance.status maps onto MachineState through one table. Compute Engine has no PREEMPTED status: a preempted Spot
-VM goes STOPPING, then TERMINATED (its termination action here is STOP, so that it stays to be read), and Compute
-Engine records a compute.instances.preempted operation against it. A Spot VM found STOPPING or TERMINATED with such
-an operation since it was created is PREEMPTED: the runner deletes it and creates it again, as for a TPU node.
+VM goes STOPPING, then away by its termination action (DELETE here: at maxRunDuration or a preemption nothing of it
+is left billing, its boot disk included), and Compute Engine records a compute.instances.preempted operation
+against it. A Spot VM found going down with such an operation since it was created is PREEMPTED, and one gone
+without every exit record was taken back: the runner creates it again, as for a TPU node.
 """
 
 from __future__ import annotations
