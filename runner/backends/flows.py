@@ -43,6 +43,8 @@ class Kind(Protocol[K]):
 
     def delete_hint(self, handle: K) -> str: ...
 
+    def owns(self, handle: K) -> bool: ...
+
     def teardown(self, handle: K, *, grace_s: float, wait_s: float) -> bool: ...
 
 
@@ -118,10 +120,19 @@ class ByKind(Backend[Z]):
     def delete_hint(self, handle: Z) -> str:
         return self._kind(handle).delete_hint(handle)
 
+    def owns(self, handle: Z) -> bool:
+        return self._kind(handle).owns(handle)
+
     def teardown(self, handle: Z, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
         """Delete what the handle names, from the handle alone (what each backend deletes: its class says), and
         whether it is confirmed gone within wait_s."""
         return self._kind(handle).teardown(handle, grace_s=grace_s, wait_s=wait_s)
+
+
+def owned_or_gone(found_labels: Mapping[str, str] | None, nonce: str | None) -> bool:
+    """A machine as read (its labels; None: gone) is the handle's to delete: gone, carrying its nonce, or a handle of
+    a record from before nonces (nothing to tell it by)."""
+    return found_labels is None or nonce is None or labels.owned(found_labels, nonce)
 
 
 def labels_of(found: Any | None) -> dict[str, str] | None:

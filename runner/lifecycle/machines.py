@@ -29,9 +29,9 @@ def clear(
     say: Callable[[str], None],
     grace_s: float = 30.0,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each machine of `machines` but `keep` confirmed gone, deleting those still there (attached ones are never
-    deleted: their teardown leaves them). Returns the machines not confirmed gone (`keep` among them) and, for
-    each of those, why."""
+    """Each machine of `machines` but `keep` confirmed gone, deleting those still there that carry this run's
+    mark (never another run's of that name; attached ones are never deleted: their teardown leaves them). Returns
+    the machines not confirmed gone (`keep` among them) and, for each of those, why."""
     left: list[dict[str, Any]] = []
     notes: list[str] = []
     for data in machines:
@@ -40,8 +40,8 @@ def clear(
             continue
         try:
             handle = backend.handle_from_dict(data)
-            if backend.status(handle) == MachineState.GONE:
-                continue
+            if backend.status(handle) == MachineState.GONE or not backend.owns(handle):
+                continue  # gone; or another run's, whose name this run's create found taken (it made none there)
             what = backend.describe_handle(handle)
             say(f"{what} of an earlier try of this run is still there: deleting it")
             if backend.teardown(handle, grace_s=grace_s):

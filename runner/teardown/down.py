@@ -54,6 +54,8 @@ def down(record: RunRecord, *, say: Callable[[str], None]) -> Down:
         for data in handles:
             handle = backend.handle_from_dict(data)
             try:
+                if data != record.handle and not backend.owns(handle):
+                    continue  # a name the run found taken: another run's machine, never this run's to delete
                 gone = backend.teardown(handle)
             except BackendError as exc:
                 failed = failed or exc

@@ -96,3 +96,63 @@ def test_down_while_a_slice_group_is_being_created_ends_the_wait_at_once(
     with cloud_state.lock:
         left = [*cloud_state.groups.items, *cloud_state.templates, *cloud_state.policies]
     assert [p for p in left if run_id in p] == []
+
+
+def _with_accelerator(spec: Path, accelerator: str) -> Path:
+    text = spec.read_text()
+    old = "accelerator: {type: v2-8, zones: [us-central1-b, us-central1-c], project: test-project}"
+    assert old in text
+    spec.write_text(text.replace(old, f"accelerator: {{{accelerator}, project: test-project}}"))
+    return spec
+
+
+def test_down_while_a_queued_resource_waits_for_capacity_cancels_the_run_at_once(
+    cloud: TpuEmulator, bucket_url: str, tmp_path: Path
+) -> None:
+    cloud.stockout("us-central1-b")  # it waits in the queue
+    spec = job(tmp_path, bucket_url, "command: [python, -c, \"print('never runs')\"]\n")
+    proc = _start(_with_accelerator(spec, "type: v2-8, zone: us-central1-b, provisioning: queued"))
+    assert proc.stdout is not None
+    said = _read_until(proc.stdout, "WAITING_FOR_RESOURCES")
+    run_id, out, code = _down_and_finish(proc, said)
+    assert code == 130, out
+    assert "stopped by runner down" in out and "provisioned" not in out
+    assert runs.load(run_id).state == "cancelled"
+    assert not cloud.queued_resources() and not cloud.nodes()
+
+
+def test_down_while_a_compute_engine_instance_is_provisioning_cancels_the_run_at_once(
+    cloud: TpuEmulator, bucket_url: str, tmp_path: Path
+) -> None:
+    cloud.compute.slow_create(3600)
+    spec = job(tmp_path, bucket_url, "command: [python, -c, \"print('never runs')\"]\n")
+    proc = _start(_with_accelerator(spec, "type: tpu7x-2, zone: us-central1-c"))
+    assert proc.stdout is not None
+    said = _read_until(proc.stdout, ": PROVISIONING")
+    run_id, out, code = _down_and_finish(proc, said)
+    assert code == 130, out
+    assert "stopped by runner down" in out
+    assert runs.load(run_id).state == "cancelled"
+    wait_for(lambda: not cloud.compute.instances(), "the instance gone", timeout=60)
+
+
+def test_a_node_deleted_in_the_console_while_creating_fails_the_run_saying_so(
+    cloud: TpuEmulator, bucket_url: str, tmp_path: Path
+) -> None:
+    """Not `runner down` (the run's record says nothing of a stop): the run fails with the true reason, at once,
+    not after the API's retries, and is not taken for a preemption."""
+    from runner.backends.tpu_vm.api import TpuApi
+
+    cloud.slow_create(3600, count=1)
+    proc = _start(job(tmp_path, bucket_url, "command: [python, -c, \"print('never runs')\"]\n"))
+    assert proc.stdout is not None
+    said = _read_until(proc.stdout, ": CREATING")
+    run_id = runs.list_records()[0].run_id
+    TpuApi().delete_node("test-project", "us-central1-b", run_id)  # someone, in the console
+    out = said + proc.stdout.read()
+    assert proc.wait(120) == 5, out
+    assert f"TPU node {run_id} was deleted while it was being created" in out
+    assert "through every retry" not in out
+    record = runs.load(run_id)
+    assert record.state == "failed" and "deleted while it was being created" in (record.reason or "")
+    assert not cloud.nodes()

@@ -203,19 +203,25 @@ def test_down_deletes_every_machine_the_run_asked_for_and_list_shows_what_still_
     assert CliRunner().invoke(app, ["submit", str(spec), "--detach"], catch_exceptions=False).exit_code == 0
     record = runs.list_records()[0]
     earlier = {**record.handle, "zone": "us-central1-c", "node_id": f"{record.run_id}-0a0a"}
-    labels = {"managed-by": "tpu-runner", "tpu-runner-run": record.run_id, "tpu-runner-nonce": "n"}
+    nonce = record.handle["nonce"]  # the same submit's: made by this run
+    labels = {"managed-by": "tpu-runner", "tpu-runner-run": record.run_id, "tpu-runner-nonce": nonce}
     cloud.create_node_direct("test-project", "us-central1-c", earlier["node_id"], labels=labels)
-    runs.update(record, machines=[earlier, record.handle])
+    # And a name this run found taken (a 409): recorded before the create, but another run's node.
+    theirs = {**record.handle, "zone": "us-central1-c", "node_id": "someone-elses"}
+    other = {"managed-by": "tpu-runner", "tpu-runner-run": "another-run", "tpu-runner-nonce": "x"}
+    cloud.create_node_direct("test-project", "us-central1-c", "someone-elses", labels=other)
+    runs.update(record, machines=[theirs, earlier, record.handle])
     cloud.delete_fails(node=earlier["node_id"], status="PERMISSION_DENIED")
     refused = CliRunner().invoke(app, ["down", record.run_id], catch_exceptions=False)
     assert refused.exit_code == 5, refused.output
-    assert [n.node_id for n in cloud.nodes()] == [earlier["node_id"]]  # the current node went all the same
+    left = sorted(n.node_id for n in cloud.nodes())
+    assert left == sorted([earlier["node_id"], "someone-elses"])  # the current node went all the same
     listed = json.loads(CliRunner().invoke(app, ["list", "--json"], catch_exceptions=False).output)["runs"][0]
     assert listed["cost_cell"].endswith("+") and earlier["node_id"] in listed["still_billing"]
     assert runs.load(record.run_id).machines == [earlier]
     cloud.clear_faults("delete_fails")
     again = CliRunner().invoke(app, ["down", record.run_id], catch_exceptions=False)
     assert again.exit_code == 0, again.output
-    assert not cloud.nodes()
+    assert [n.node_id for n in cloud.nodes()] == ["someone-elses"]  # never this run's to delete
     final = runs.load(record.run_id)
     assert final.machines == [] and final.still_billing is None

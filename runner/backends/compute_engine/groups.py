@@ -223,6 +223,10 @@ class Groups:
 
     # -- delete ---------------------------------------------------------------------------------------------------
 
+    def owns(self, handle: GroupHandle) -> bool:
+        found = self.get(handle)
+        return found is None or handle.nonce is None or self._ours(found, handle)
+
     @staticmethod
     def what(handle: GroupHandle) -> str:
         return f"instance group {handle.name}"

@@ -21,9 +21,9 @@ from runner.backends.compute_engine.common import GOING, Context
 from runner.backends.compute_engine.handles import InstanceHandle
 from runner.backends.compute_engine.requests import instance_request, target_of
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned, labels_of
+from runner.backends.flows import create_owned, labels_of, owned_or_gone
 from runner.backends.zones import first_with_capacity
-from runner.errors import BackendError, NoCapacity, Preempted
+from runner.errors import BackendError, NoCapacity, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -97,7 +97,7 @@ class Instances:
         in the operation; a flex-start VM waits PENDING (its operation DONE) up to max_wait, then the next zone."""
         target = target_of(plan)
         t0 = time.monotonic()
-        last, done, ended_at = None, operation is None, None
+        last, done, ended_at, seen = None, operation is None, None, False
         where = dict(project=handle.project, zone=handle.zone)
         while True:
             if not done and operation is not None:
@@ -106,6 +106,13 @@ class Instances:
                 if op.failure is not None:
                     raise explain(op.failure, f"create instance {handle.name}", **where)
             found = self.get(handle)
+            if found is None and seen and not done:  # there, then gone while its insert is still under way
+                raise Vanished(
+                    f"instance {handle.name} was deleted while it was being created: by `runner down`, in the console "
+                    "or by Compute Engine",
+                    hint=f"`gcloud compute operations list --zones={handle.zone}` shows who deleted it",
+                )
+            seen = seen or found is not None
             state = str(found.status) if found is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 self.ctx.say(f"instance {handle.name}: {state} ({time.monotonic() - t0:.0f}s)")
@@ -172,6 +179,9 @@ class Instances:
         if status in DOWN and self.preempted(handle, found):
             return MachineState.PREEMPTED, PREEMPTED
         return STATES.get(status, MachineState.UNKNOWN), status
+
+    def owns(self, handle: InstanceHandle) -> bool:
+        return owned_or_gone(labels_of(self.get(handle)), handle.nonce)
 
     @staticmethod
     def what(handle: InstanceHandle) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned, labels_of
+from runner.backends.flows import create_owned, labels_of, owned_or_gone
 from runner.backends.tpu_vm.api import explain
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import NodeHandle
@@ -115,18 +115,25 @@ class Nodes:
         last = None
         done = operation is None
         ended_at: float | None = None
+        seen = False
         while True:
             if not done and operation is not None:
                 op = api.get_operation(operation, project=handle.project, zone=handle.zone)
                 done, ended_at = op.done, op.ended_at
                 if op.failure is not None:
+                    # A create cut short by a delete ends ABORTED (or CANCELLED); a stockout's node is gone too, but
+                    # that is RESOURCE_EXHAUSTED: another zone may have capacity.
                     gone = api.get_node(handle.project, handle.zone, handle.node_id)
-                    if gone is None or gone.state.name == "DELETING":  # the create failed because it was deleted
+                    cut = op.failure.code in ("ABORTED", "CANCELLED")
+                    if cut and (gone is None or gone.state.name == "DELETING"):
                         raise vanished(handle, f"its create operation ended {op.failure.code}")
                     raise explain(
                         op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
                     )
             node = api.get_node(handle.project, handle.zone, handle.node_id)
+            if node is None and seen and not done:  # there, then gone while its create is still under way
+                raise vanished(handle, "it is gone before its create operation ended")
+            seen = seen or node is not None
             state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
@@ -168,6 +175,10 @@ class Nodes:
     def observe(self, handle: NodeHandle) -> tuple[MachineState, str | None]:
         node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
         return machine_state(node), None if node is None else str(node.state.name)
+
+    def owns(self, handle: NodeHandle) -> bool:
+        node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
+        return owned_or_gone(labels_of(node), handle.nonce)
 
     @staticmethod
     def what(handle: NodeHandle) -> str:

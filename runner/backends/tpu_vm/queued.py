@@ -28,7 +28,7 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned
+from runner.backends.flows import create_owned, owned_or_gone
 from runner.backends.labels import NameTaken
 from runner.backends.tpu_vm.api import explain, failure_of_status
 from runner.backends.tpu_vm.common import Context
@@ -231,6 +231,9 @@ class QueuedResources:
     def observe(self, handle: QueuedHandle) -> tuple[MachineState, str | None]:
         qr = self.api.get_queued_resource(handle.name, project=handle.project, zone=handle.zone)
         return queued_state(qr), state_of(qr)
+
+    def owns(self, handle: QueuedHandle) -> bool:
+        return owned_or_gone(self._labels(handle), handle.nonce)
 
     @staticmethod
     def what(handle: QueuedHandle) -> str:
