@@ -97,7 +97,7 @@ class Instances:
         in the operation; a flex-start VM waits PENDING (its operation DONE) up to max_wait, then the next zone."""
         target = target_of(plan)
         t0 = time.monotonic()
-        last, done, ended_at, seen = None, operation is None, None, False
+        last, done, ended_at, seen, missing = None, operation is None, None, False, False
         where = dict(project=handle.project, zone=handle.zone)
         while True:
             if not done and operation is not None:
@@ -106,13 +106,17 @@ class Instances:
                 if op.failure is not None:
                     raise explain(op.failure, f"create instance {handle.name}", **where)
             found = self.get(handle)
+            if found is None and seen and not done and not missing:  # its operation read again, a poll later (stockout)
+                missing = True
+                time.sleep(min(self.ctx.poll_s, 1.0))
+                continue
             if found is None and seen and not done:  # there, then gone while its insert is still under way
                 raise Vanished(
                     f"instance {handle.name} was deleted while it was being created: by `runner down`, in the console "
                     "or by Compute Engine",
                     hint=f"`gcloud compute operations list --zones={handle.zone}` shows who deleted it",
                 )
-            seen = seen or found is not None
+            seen, missing = seen or found is not None, False
             state = str(found.status) if found is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 self.ctx.say(f"instance {handle.name}: {state} ({time.monotonic() - t0:.0f}s)")

@@ -115,7 +115,7 @@ class Nodes:
         last = None
         done = operation is None
         ended_at: float | None = None
-        seen = False
+        seen = missing = False
         while True:
             if not done and operation is not None:
                 op = api.get_operation(operation, project=handle.project, zone=handle.zone)
@@ -132,8 +132,12 @@ class Nodes:
                     )
             node = api.get_node(handle.project, handle.zone, handle.node_id)
             if node is None and seen and not done:  # there, then gone while its create is still under way
-                raise vanished(handle, "it is gone before its create operation ended")
-            seen = seen or node is not None
+                if missing:  # its operation read again since, and still not ended: deleted, not a stockout
+                    raise vanished(handle, "it is gone before its create operation ended")
+                missing = True  # a stockout also ends the node, with its operation: read that again, a poll later
+                time.sleep(min(self.ctx.poll_s, 1.0))
+                continue
+            seen, missing = seen or node is not None, False
             state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
