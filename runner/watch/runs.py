@@ -93,7 +93,8 @@ def _refused(path: Path, exc: OSError) -> StorageError:
         why, hint = f"{home} is not writable by this user", "point $RUNNER_HOME at a writable directory"
     else:
         why, hint = exc.strerror or str(exc), "point $RUNNER_HOME at another directory"
-    return StorageError(f"cannot save the run record {path}: {why}", hint=hint)
+    said = exc.strerror or str(exc)
+    return StorageError(f"cannot save the run record {path}: {said}" + (f" ({why})" if why != said else ""), hint=hint)
 
 
 def save(record: RunRecord) -> RunRecord:
