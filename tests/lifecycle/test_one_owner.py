@@ -218,6 +218,8 @@ def test_down_deletes_every_machine_the_run_asked_for_and_list_shows_what_still_
     assert left == sorted([earlier["node_id"], "someone-elses"])  # the current node went all the same
     listed = json.loads(CliRunner().invoke(app, ["list", "--json"], catch_exceptions=False).output)["runs"][0]
     assert listed["cost_cell"].endswith("+") and earlier["node_id"] in listed["still_billing"]
+    table = CliRunner().invoke(app, ["list"], catch_exceptions=False).output
+    assert f"+ {record.run_id}: TPU node {earlier['node_id']} in us-central1-c may still bill" in table, table
     assert runs.load(record.run_id).machines == [earlier]
     cloud.clear_faults("delete_fails")
     again = CliRunner().invoke(app, ["down", record.run_id], catch_exceptions=False)
