@@ -10,8 +10,10 @@ clock_skew fault), that clock: its skew, and the sitecustomize that applies it t
 --privileged and the like are accepted and have no effect: there is no isolation to configure.
 
 On a multi-host node (and on every slice of a multislice) the container also gets what JAX's Cloud TPU cluster
-detection would find on the VM (`jax_cluster_env`), as the KERAS_DISTRIBUTION_* variables keras.distribution
-.initialize() reads: so the JAX engine's processes on the emulated hosts form one jax.distributed cluster.
+detection would find on the VM (`jax_cluster_env`), as the runner's RUNNER_COORDINATOR_ADDRESS (which a bare
+jax.distributed.initialize() reads through the runner's cluster, runner.train.jaxcluster) and the
+KERAS_DISTRIBUTION_* variables keras.distribution.initialize() reads: so the JAX processes on the emulated hosts
+form one jax.distributed cluster.
 
 `pull` asks the emulator ($RUNNER_TPU_API/_emulator/images) whether the image "exists", so the missing-image
 fault makes it fail as Docker does; `run` asks it ($RUNNER_TPU_API/_emulator/container-env) which variables to leave
@@ -35,7 +37,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from runner import contract
 from runner.backends import container
+from runner.errors import RunnerError
+from runner.launch import deps
 from runner.launch.imageref import ImageRef
 from runner.worker import processes
 from tpu_emulator import vm_engine
@@ -51,6 +56,7 @@ VALUE_FLAGS = {
     "--log-driver", "--log-opt", "--gpus", "--ipc", "--pid", "--cap-add", "--cap-drop", "--device",
     "--security-opt", "--restart", "--hostname", "--platform", "--pull", "--memory", "--cpus", "--workdir",
     "--mount", "--add-host", "--label", "--publish", "--tmpfs", "--stop-timeout", "--stop-signal", "--dns",
+    "--group-add",
 }  # fmt: skip
 UNSUPPORTED = {"--entrypoint"}
 GLOBAL_VALUE_FLAGS = {"--config", "-H", "--host", "--log-level", "--context", "-c"}
@@ -122,13 +128,14 @@ def _metadata(key: str) -> str:
 
 
 def jax_cluster_env() -> dict[str, str]:
-    """JAX's cluster on a multi-host slice or a multislice, as keras.distribution.initialize() reads it from the
-    environment. On a Cloud TPU VM, jax.distributed.initialize() finds it by itself (jax/_src/clusters/
-    cloud_tpu_cluster.py): the process count is the hosts per slice (tpu-env WORKER_HOSTNAMES) times
+    """JAX's cluster on a multi-host slice or a multislice, as the runner's cluster and keras.distribution
+    .initialize() read it from the environment. On a Cloud TPU VM, jax.distributed.initialize() finds it by itself
+    (jax/_src/clusters/cloud_tpu_cluster.py): the process count is the hosts per slice (tpu-env WORKER_HOSTNAMES) times
     MEGASCALE_NUM_SLICES, the process id MEGASCALE_SLICE_ID x hosts + agent-worker-number, the coordinator process
     0's host. It looks only where there are TPU chips, which an emulated VM has not, so the same facts are read here
     from the same metadata; the coordinator's address is the one the emulator reserved for the node's cluster
-    (vm.COORDINATOR: every emulated host is this machine). {} for a single host or without an emulator."""
+    (vm.COORDINATOR, reserved afresh for every boot: every emulated host is this machine). {} for a single host or
+    without an emulator."""
     coordinator = os.environ.get(COORDINATOR)
     if not coordinator or not os.environ.get("RUNNER_METADATA_URL"):
         return {}
@@ -145,6 +152,7 @@ def jax_cluster_env() -> dict[str, str]:
     slices = int(tpu_env.get("MEGASCALE_NUM_SLICES") or 1)
     slice_id = int(tpu_env.get("MEGASCALE_SLICE_ID") or 0)
     return {
+        contract.COORDINATOR_ADDRESS: coordinator,
         "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
         "KERAS_DISTRIBUTION_NUM_PROCESSES": str(hosts * slices),
         "KERAS_DISTRIBUTION_PROCESS_ID": str(slice_id * hosts + host),
@@ -334,7 +342,12 @@ def run(args: list[str]) -> int:
         print(cid)
         return 0
     env = container_env(flags)
-    launch = container.plan_launch(ref, env, name=name, data_dir=None, storage_root=None, prefer="process")
+    try:  # the job's own requirements, as the local process run installs them (the same cache on this machine)
+        launch = container.plan_launch(ref, env, name=name, data_dir=None, storage_root=None, prefer="process")
+        if launch.install is not None:
+            deps.ensure(launch.install, say=lambda line: print(f"[emulator] {line}", file=sys.stderr))
+    except RunnerError as exc:
+        raise Exit(125, f"docker: Error response from daemon: {exc}.") from None
     shim_dir = os.environ.get(SHIM_DIR, "")
     vm_path = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != shim_dir]
     for sub in ("home", "tmp"):
@@ -380,7 +393,9 @@ def run(args: list[str]) -> int:
 # -- the other commands -----------------------------------------------------------------------------------------
 
 
-def _options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], list[str]]:
+def parse_options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], list[str]]:
+    """(flags, the rest) of a docker subcommand's arguments: `value_flags` take a value (--time 5, --time=5), every
+    other flag is "true". The emulator's real-container VMs (vm_engine.py) parse through it too."""
     opts: dict[str, str] = {}
     rest: list[str] = []
     i = 0
@@ -402,7 +417,7 @@ def _options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], li
 
 
 def stop(args: list[str]) -> int:
-    opts, names = _options(args, {"-t", "--time", "-s", "--signal"})
+    opts, names = parse_options(args, {"-t", "--time", "-s", "--signal"})
     timeout = float(opts.get("-t") or opts.get("--time") or 10)
     code = 0
     for name in names:
@@ -421,7 +436,7 @@ def stop(args: list[str]) -> int:
 
 
 def rm(args: list[str]) -> int:
-    opts, names = _options(args, set())
+    opts, names = parse_options(args, set())
     force = any(k in opts for k in ("-f", "--force", "-fv", "-vf"))
     code = 0
     for name in names:
@@ -448,7 +463,7 @@ def rm(args: list[str]) -> int:
 
 
 def kill(args: list[str]) -> int:
-    opts, names = _options(args, {"-s", "--signal"})
+    opts, names = parse_options(args, {"-s", "--signal"})
     sig_name = (opts.get("-s") or opts.get("--signal") or "KILL").upper().removeprefix("SIG")
     sig = int(sig_name) if sig_name.isdigit() else getattr(signal, f"SIG{sig_name}")
     code = 0
@@ -464,7 +479,7 @@ def kill(args: list[str]) -> int:
 
 
 def ps(args: list[str]) -> int:
-    opts, _ = _options(args, {"--format", "-f", "--filter"})
+    opts, _ = parse_options(args, {"--format", "-f", "--filter"})
     records = [r for p in sorted((state_dir() / "containers").glob("*.json")) if (r := load(p.stem))]
     shown = [r for r in records if "-a" in opts or "--all" in opts or running(r)]
     if "-q" in opts or "--quiet" in opts:
@@ -477,7 +492,7 @@ def ps(args: list[str]) -> int:
 
 
 def login(args: list[str], stdin_text: str | None = None) -> int:
-    opts, rest = _options(args, {"-u", "--username", "-p", "--password"})
+    opts, rest = parse_options(args, {"-u", "--username", "-p", "--password"})
     if "--password-stdin" in opts:
         password = (stdin_text if stdin_text is not None else sys.stdin.read()).strip()
     else:
@@ -495,7 +510,7 @@ def login(args: list[str], stdin_text: str | None = None) -> int:
 
 def images(args: list[str]) -> int:
     if args[:1] == ["inspect"]:
-        _, refs = _options(args[1:], {"--format", "-f"})
+        _, refs = parse_options(args[1:], {"--format", "-f"})
         for ref in refs:
             if normalize(ref) not in _pulled():
                 raise Exit(1, f"Error: No such image: {ref}")
@@ -524,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "run":
             return run(rest)
         if command == "pull":
-            opts, refs = _options(rest, {"--platform"})
+            opts, refs = parse_options(rest, {"--platform"})
             if len(refs) != 1:
                 raise Exit(1, "\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.")
             error = pull(refs[0], quiet="-q" in opts or "--quiet" in opts)

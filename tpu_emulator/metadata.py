@@ -2,10 +2,15 @@
 
 What a TPU VM's scripts read: project/project-id and numeric-project-id, instance/zone, name, hostname, id,
 network-interfaces/0/ip, instance/attributes/ (agent-worker-number, accelerator-type, instance-id = the node's
-name, tpu-env, and every key of the node's metadata such as startup-script), and the default service account's
-email, scopes and token. Like the real server it answers only requests carrying `Metadata-Flavor: Google`,
-lists a directory one entry a line (subdirectories end in /), and gives a subtree as JSON with
-`?recursive=true` (or `alt=json`).
+name, tpu-env, and every key of the node's metadata such as startup-script), the default service account's
+email, scopes and token, and the notices a VM watches for: instance/preempted (TRUE once the node is preempted,
+set before its VMs get the soft-off signal, as Compute Engine does: cloud.google.com/compute/docs/instances/
+create-use-spot#detect-preemption) and instance/maintenance-event (NONE, or what a maintenance notice says:
+TERMINATE_ON_HOST_MAINTENANCE; cloud.google.com/compute/docs/metadata/getting-live-migration-notice). Like the
+real server it answers only requests carrying `Metadata-Flavor: Google`, lists a directory one entry a line
+(subdirectories end in /), gives a subtree as JSON with `?recursive=true` (or `alt=json`), sends every value's
+ETag, and holds a `?wait_for_change=true` request until the value changes (at once when `last_etag` is not the
+value's ETag any more; with `timeout_sec`, at most that long, then the value as it is): `wait_for_change`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_emulator.resources import Node, project_number
@@ -69,6 +76,8 @@ def tree(node: Node, worker: int, hostnames: list[str]) -> dict[str, Any]:
             "network-interfaces": {
                 "0": {"ip": node.internal_ip(worker), "network": f"projects/{number}/networks/default"}
             },
+            "maintenance-event": node.maintenance_event,
+            "preempted": "TRUE" if node.preempted else "FALSE",
             "service-accounts": {"default": service_account, account["email"]: service_account},
             "zone": f"projects/{number}/zones/{node.zone}",
         },
@@ -126,3 +135,38 @@ def answer(
         listing = "".join(f"{k}/\n" if isinstance(v, dict) else f"{k}\n" for k, v in value.items())
         return 200, "application/text", listing.encode()
     return 200, "application/text", str(value).encode()
+
+
+Answer = tuple[int, str, bytes]
+POLL_S = 0.1  # how often a held request looks at its value again
+
+
+def etag(body: bytes) -> str:
+    """The ETag of a value, as the real server sends with each one (the value's own hash: the same value, the same
+    ETag)."""
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+def wait_for_change(read: Callable[[], Answer], query: Mapping[str, str]) -> Answer:
+    """`read()` (one answer, taken under whatever lock guards the state), held as the real server holds a
+    `?wait_for_change=true` request: answered at once when `last_etag` names another ETag than the value's now (a
+    change the client has not seen), else when the value's ETag changes, when it is no longer a value (the VM is
+    gone), or after `timeout_sec`, with the value as it is then."""
+    answer = read()
+    if query.get("wait_for_change") != "true" or answer[0] != 200:
+        return answer
+    seen = etag(answer[2])
+    last = query.get("last_etag")
+    if last and last != seen:
+        return answer
+    try:
+        timeout = float(query["timeout_sec"]) if "timeout_sec" in query else None
+    except ValueError:
+        return 400, "text/html", b"Bad Request: timeout_sec must be a number\n"
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        answer = read()
+        if answer[0] != 200 or etag(answer[2]) != seen:
+            return answer
+    return answer

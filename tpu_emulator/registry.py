@@ -150,5 +150,5 @@ def trainer_image(
 
     image = build.ensure_image("cpu", ca_certs=machine_ca_certs(), engine=engine, say=say)
     if context is not None:
-        image = code.ensure_code_image(image, context, engine=engine, say=say)
+        image = code.ensure_code_image(image, context, engine=engine, say=say, ca_certs=machine_ca_certs())
     return registry.push(engine, image.reference, "tpu-runner/trainer")

@@ -121,6 +121,8 @@ class Node:
     # (a node of the same name created after that gets a fresh VM, never one its predecessor's shutdown can reach).
     preempted_vms: VmGroup | None = None
     hung: bool = False  # READY, but its VMs never ran the startup-script (boot_hang)
+    preempted: bool = False  # instance/preempted in its VMs' metadata: TRUE from the preemption on
+    maintenance_event: str = "NONE"  # instance/maintenance-event: what a maintenance notice says
     clock_skew_s: int = 0  # how far its VMs' clocks are off (clock_skew): what they write, not what the API says
     delete_ops: list[Operation] = field(default_factory=list)  # of the deletion in progress
     delete_error: dict[str, Any] | None = None  # the google.rpc.Status the deletion in progress will end with

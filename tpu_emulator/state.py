@@ -70,6 +70,7 @@ class Cloud:
         self.delete_delay_s = delete_delay_s
         self.vm_grace_s = vm_grace_s
         self.lock = threading.RLock()
+        self._maintained: dict[str, Callable[[], None]] = {}  # node -> what makes it READY after maintain
         self.agenda = Agenda(scheduler, self.lock)
         self.nodes: dict[str, Node] = {}
         self.operations: dict[str, Operation] = {}
@@ -77,7 +78,8 @@ class Cloud:
         self.closing = threading.Event()
         self._threads: list[threading.Thread] = []
         self._op_seq = itertools.count(1)
-        self._coordinators: dict[str, str] = {}  # node or multislice queued resource -> JAX coordinator
+        self._coordinators: dict[str, str] = {}  # multislice queued resource -> its slices' JAX coordinator
+        self._last_coordinator: dict[str, str] = {}  # node or queued resource -> the coordinator its last boot had
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -224,13 +226,25 @@ class Cloud:
 
     def _coordinator(self, node: Node) -> str | None:
         """The JAX coordinator address the VMs of a multi-host node share, and with it every slice of the same
-        multislice queued resource (one cluster over all of them); None for a single host."""
+        multislice queued resource (one cluster over all of them); None for a single host. Reserved afresh for
+        every boot (a multislice's once its slices are all gone): a recreated slice never meets the old one."""
         if node.accel.hosts == 1 and node.slice is None:
             return None
         group = node.queued_resource if node.slice is not None and node.queued_resource else node.name
         if group not in self._coordinators:
-            self._coordinators[group] = f"127.0.0.1:{free_ports(1)[0]}"
-        return self._coordinators[group]
+            before = self._last_coordinator.get(group)
+            fresh = next(a for a in (f"127.0.0.1:{port}" for port in free_ports(2)) if a != before)
+            self._coordinators[group] = self._last_coordinator[group] = fresh
+        coordinator = self._coordinators[group]
+        if group == node.name:  # a plain node's VMs boot together: the next boot reserves its own
+            del self._coordinators[group]
+        return coordinator
+
+    def _leaving(self, node: Node, initiator: str) -> None:
+        """A node is preempted or being deleted: its queued resource hears of it, and a multislice's cluster ends
+        with it (every slice restarts)."""
+        self._coordinators.pop(node.queued_resource or "", None)
+        self.queued.node_leaving(node, initiator)
 
     def insert_node(self, project: str, zone: str, node_id: str, spec: dict[str, Any]) -> Node:
         """A READY node that is simply there (no operation): someone else's, or one made before the test began.
@@ -289,7 +303,7 @@ class Cloud:
         node.delete_error = None
         group, node.vms, node.preempted_vms = node.vms or node.preempted_vms, None, None
         node.vms_stopped, node.gone_when_stopped = group is None, False
-        self.queued.node_leaving(node, initiator)
+        self._leaving(node, initiator)
         self.agenda.at(delay, lambda: self._finish_delete(node))
         if group is None:
             return op, None
@@ -344,7 +358,8 @@ class Cloud:
             node.state, node.health = "PREEMPTED", None
             group, node.vms = node.vms, None
             node.preempted_vms = group  # stopped by the caller; a deletion waits for that (VmGroup.stop is shared)
-            self.queued.node_leaving(node, "SERVICE")
+            node.preempted = True  # instance/preempted: TRUE before the soft-off the caller sends
+            self._leaving(node, "SERVICE")
             if node.queued_resource:
                 qr_name = node.queued_resource
                 self.agenda.at(self.delete_delay_s, lambda: self._service_delete(qr_name), wake=True)
@@ -368,9 +383,10 @@ class Cloud:
             self.agenda.at(self.delete_delay_s, stopped, wake=True)
             return group
 
-    def maintain(self, name: str, state: str, seconds: float) -> None:
+    def maintain(self, name: str, state: str, seconds: float | None) -> None:
         """A state the service gives a READY node for `seconds` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...), then READY
-        again; its VMs go on. What a follower can only show: the node says it is not simply READY."""
+        again; its VMs go on. What a follower can only show: the node says it is not simply READY. `seconds` None:
+        until end_maintenance."""
         with self.lock:
             node = self.get_node(name)
             if node.state != "READY":
@@ -381,7 +397,16 @@ class Cloud:
                 if self.nodes.get(node.name) is node and node.state == state:
                     node.state = "READY"
 
-            self.agenda.at(seconds, back, wake=True)
+            self._maintained[name] = back
+            if seconds is not None:
+                self.agenda.at(seconds, back, wake=True)
+
+    def end_maintenance(self, name: str) -> None:
+        """READY again, now, after maintain (unless the node has left its maintenance state since)."""
+        with self.lock:
+            back = self._maintained.pop(name, None)
+            if back is not None:
+                back()
 
     def _service_delete(self, qr_name: str) -> None:
         qr = self.queued.items.get(qr_name)

@@ -33,7 +33,8 @@ def build(
     context: Path | None = typer.Option(
         None,
         "--context",
-        help="Your code: this directory goes into the image at /workspace (the working directory of `command`).",
+        help="Your code: this directory goes into the image at /workspace (the working directory of `command`), its "
+        "requirements.txt (or pyproject.toml's dependencies) in a layer of their own under it.",
         file_okay=False,
     ),
     ca_certs: Path | None = typer.Option(
@@ -57,6 +58,8 @@ def build(
 
         for problem in context_problems(load_spec(spec).command, context):
             warn(problem)
+    if context is not None:  # the requirements there are read, and refused on a conflict, before any build
+        code.dependency_layer(context, variant)
     args = builder.parse_build_args(build_arg)
     if print_ref:
         tag = image.content_tag(variant, build_args=args)
@@ -67,7 +70,7 @@ def build(
         variant, project=project, region=region, repo=repo, push=push, build_args=args, ca_certs=ca_certs
     )
     if context is not None:
-        result = code.ensure_code_image(result, context, push=push)
+        result = code.ensure_code_image(result, context, push=push, ca_certs=ca_certs)
     echo(f"image: {result.reference}")
 
 

@@ -5,8 +5,8 @@ long it took to start, its phases, its checkpoints. `runner status`, `runner lis
 A `command` job may write no metrics.jsonl, progress.json or summary.json. Its metrics are then Keras' epoch lines
 in logs/worker-0.log (runner.watch.keraslog), and so is where an epoch in progress stands; a finished run without
 a summary.json gets the one its metrics and log give (runner.watch.results, what the supervisor writes at the
-job's end). Its checkpoints are whatever files it wrote under checkpoints/, with what the trainer's manifest
-(checkpoints/latest.json) says of those it names.
+job's end). Its checkpoints are what it wrote under checkpoints/, each read by its format (runner.checkpoints:
+the runner's own with what its manifest says of them, Orbax steps, TensorFlow saves, a backup, any other files).
 
 Everything is read tolerantly: a run directory written by another version, or by user code, costs a warning naming
 the file, never a traceback.
@@ -19,21 +19,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import backends, contract
-from runner.collect.cost import Price, RunCost, price_for, run_cost, unpriced
+from runner.checkpoints import Listing, Saved, survey
+from runner.checkpoints.resumed import Resumed, latest
+from runner.collect.cost import Price, RunCost, node_spans, price_for, run_cost, unpriced
+from runner.collect.goodput import Goodput
+from runner.collect.goodput import compute as compute_goodput
 from runner.collect.timeline import Startup, Timeline, build_timeline, startup
 from runner.storage import Storage
 from runner.watch.events import Event, read_events
 from runner.watch.keraslog import KerasLog, parse_keras_log
 from runner.watch.logtext import clean_log
 from runner.watch.results import LOG_TAIL_BYTES, derive_summary
-from runner.watch.rundir import Progress, Snapshot, Summary, json_kind, loads, number, read_snapshot, where
+from runner.watch.rundir import Progress, Snapshot, Summary, number, read_snapshot, where
 from runner.watch.runs import RunRecord
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One checkpoint file: its name under checkpoints/, and what the trainer's manifest says of it (None for a file
-    the manifest does not name: a job's own ModelCheckpoint or BackupAndRestore files)."""
+    """One committed checkpoint under checkpoints/, as its format reads it (runner.checkpoints): its path (a file, a
+    directory, a TensorFlow prefix), its format, the training step it holds when its format says (Orbax's step, the
+    runner's manifest's global step), and for the runner's own files the epochs done and the steps into the next."""
 
     file: str
     epochs_done: int | None
@@ -41,79 +46,53 @@ class CheckpointInfo:
     global_step: int | None
     size: int | None
     time: float | None
+    format: str = "files"
+    files: int = 1
+    title: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-
-def _int(value: Any) -> int | None:
-    as_float = number(value)
-    return int(as_float) if as_float is not None and as_float.is_integer() else None
-
-
-def read_checkpoints(storage: Storage, problems: list[str]) -> list[CheckpointInfo]:
-    """The kept checkpoints, newest first, from the manifest the trainer writes (format 1 or 2)."""
-    raw = storage.read_bytes(contract.LATEST_CHECKPOINT)
-    if raw is None:
-        return []
-    try:
-        doc = loads(raw)
-        if not isinstance(doc, dict):
-            raise ValueError(f"a JSON {json_kind(doc)}, not an object")
-    except ValueError as exc:
-        problems.append(f"{where(storage, contract.LATEST_CHECKPOINT)} is corrupt: {exc}")
-        return []
-    entries = doc.get("checkpoints")
-    if not isinstance(entries, list):  # format 1: the newest only
-        entries = [{"file": doc.get("path"), "epochs_done": doc.get("epoch"), "time": doc.get("time")}]
-    out = []
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("file"), str):
-            out.append(
-                CheckpointInfo(
-                    file=entry["file"],
-                    epochs_done=_int(entry.get("epochs_done")),
-                    step=_int(entry.get("step")),
-                    global_step=_int(entry.get("global_step")),
-                    size=_int(entry.get("size")),
-                    time=number(entry.get("time")),
-                )
-            )
-    return out
+    @classmethod
+    def of(cls, saved: Saved) -> CheckpointInfo:
+        return cls(
+            file=saved.path,
+            epochs_done=saved.epochs_done,
+            step=saved.epoch_step,
+            global_step=saved.step,
+            size=saved.size,
+            time=saved.time,
+            format=saved.format,
+            files=len(saved.keys),
+            title=saved.title,
+        )
 
 
 def list_checkpoints(storage: Storage, problems: list[str]) -> list[CheckpointInfo]:
-    """Every file under checkpoints/, whoever wrote it and whatever its name, newest first (by the manifest's save
-    time, else when the file was written), with the manifest's epoch and step for those it names."""
-    prefix = contract.CHECKPOINTS + "/"
-    listed = storage.list(prefix)
-    files = [info for info in listed if info.key != contract.LATEST_CHECKPOINT]
-    has_manifest = len(files) < len(listed)
-    manifest = {c.file: c for c in read_checkpoints(storage, problems)} if has_manifest else {}
-    out = []
-    for info in files:
-        name = info.key.removeprefix(prefix)
-        known = manifest.get(name)
-        out.append(
-            CheckpointInfo(
-                file=name,
-                epochs_done=known.epochs_done if known else None,
-                step=known.step if known else None,
-                global_step=known.global_step if known else None,
-                size=info.size,
-                time=known.time if known is not None and known.time is not None else info.updated,
-            )
-        )
-    return sorted(out, key=lambda c: (c.time or 0.0, c.file), reverse=True)
+    """Every committed checkpoint under checkpoints/, whoever wrote it, newest first (by its format's save time,
+    else when its objects were written); one still being written (an Orbax step not yet committed) is left out."""
+    found = survey(Listing.of_storage(storage, contract.CHECKPOINTS + "/"))
+    if (problem := found.problem("Keras")) is not None and problem != "is missing":
+        unreadable = problem.startswith("is unreadable: ")
+        said = f"is corrupt: {problem.removeprefix('is unreadable: ')}" if unreadable else problem
+        problems.append(f"{where(storage, contract.LATEST_CHECKPOINT)} {said}")
+    return [CheckpointInfo.of(saved) for saved in found.committed()]
 
 
 def checkpoints_text(checkpoints: list[CheckpointInfo]) -> str:
-    """'3 files, 1.2 MB; newest model-03.keras'."""
+    """'2 checkpoints (Orbax), 1.2 MB; newest step 640 (Orbax)'; a job's own files by count: '3 files, 1.2 MB;
+    newest model-03.keras'."""
     if not checkpoints:
         return "none"
+    counts: dict[str, int] = {}
+    for c in checkpoints:
+        counts[c.format] = counts.get(c.format, 0) + (c.files if c.format == "files" else 1)
+    parts = [
+        f"{n} file{'s' if n > 1 else ''}" if fmt == "files" else f"{n} checkpoint{'s' if n > 1 else ''} ({fmt})"
+        for fmt, n in counts.items()
+    ]
     size = sum(c.size or 0 for c in checkpoints)
-    count = f"{len(checkpoints)} file{'s' if len(checkpoints) > 1 else ''}"
-    return f"{count}, {size_text(size)}; newest {checkpoints[0].file}"
+    return f"{', '.join(parts)}, {size_text(size)}; newest {checkpoints[0].title or checkpoints[0].file}"
 
 
 def size_text(size: float) -> str:
@@ -185,21 +164,15 @@ class RunFacts:
     metrics_from: str | None = None
     summary: Summary | None = None  # summary.json, else (the run over) the one its metrics and log give
     log_progress: Progress | None = None  # where the epoch in progress stands, from Keras' lines in the log
+    resumed: Resumed | None = None  # where the current attempt went on from (its event, else summary.json's)
+    goodput: Goodput | None = None  # where the billed (a local run: the machine's) time went; None: no machine yet
 
     @property
     def budget(self) -> float | None:
         return number(self.spec.get("budget"))
 
     def cost_text(self) -> str:
-        if self.cost is not None:
-            return self.cost.text()
-        if (free := backends.info(self.record.backend).no_cost) is not None:
-            return f"$0: {free}"
-        acc = self.spec.get("accelerator")
-        title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
-        if title is not None:
-            return f"not estimated: no list price of {title} is known (see its pricing page)"
-        return "unknown: the run's accelerator type is not in this runner's catalog"
+        return self.cost.text() if self.cost is not None else no_price(self.record, self.spec)
 
     def cost_cell(self) -> str:
         """The cost for a table column: '$0.02' ('+': a node still bills), '$0' for a local run, '-' unknown."""
@@ -216,11 +189,14 @@ class RunFacts:
 
     def rows(self) -> list[tuple[str, str]]:
         """The rows `runner status` and the end of `runner submit` add to the summary."""
-        rows = [("cost", self.cost_text())]
+        rows = [("resumed", self.resumed.row())] if self.resumed is not None else []
+        rows.append(("cost", self.cost_text()))
         if self.record.still_billing:
             rows.append(("billing", self.record.still_billing))
         if self.events:
             rows.append(("startup", self.startup.text()))
+        if self.goodput is not None:
+            rows += self.goodput.rows()
         return rows
 
     @property
@@ -233,7 +209,20 @@ class RunFacts:
             "startup": self.startup.to_json(),
             "timeline": self.timeline.to_json(),
             "checkpoints": [c.to_json() for c in self.checkpoints],
+            "resumed": self.resumed.to_json() if self.resumed is not None else None,
+            "goodput": self.goodput.to_json() if self.goodput is not None else None,
         }
+
+
+def no_price(record: RunRecord, spec: dict[str, Any]) -> str:
+    """Why a run has no dollar figure: '$0: ...' (a backend that bills nothing), 'not estimated: ...', 'unknown'."""
+    if (free := backends.info(record.backend).no_cost) is not None:
+        return f"$0: {free}"
+    acc = spec.get("accelerator")
+    title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
+    if title is not None:
+        return f"not estimated: no list price of {title} is known (see its pricing page)"
+    return "unknown: the run's accelerator type is not in this runner's catalog"
 
 
 def _created_at(record: RunRecord, events: list[Event]) -> float:
@@ -277,9 +266,29 @@ def gather(
             metrics, metrics_from = keras.epochs, contract.log_key(0)
         if summary is None and ended and (derived := derive_summary(snapshot.metrics, log)) is not None:
             summary = Summary.from_json(derived)
+    resumed = latest(events) or (Resumed.from_json(summary.get("resumed")) if summary is not None else None)
     log_progress = None
     if (where_now := keras.progress()) is not None and not snapshot.metrics:
         log_progress = Progress.from_json(where_now)
+    timeline = build_timeline(
+        events,
+        snapshot.metrics,
+        created_at=_created_at(record, events),
+        evaluated=summary is not None and summary.evaluated,
+    )
+    spans = cost.spans if cost is not None else tuple(node_spans(events, now=now))
+    acc = spec.get("accelerator")
+    goodput = None
+    if spans:
+        goodput = compute_goodput(
+            timeline,
+            snapshot.metrics,
+            spans,
+            price,
+            billable=info.bills,
+            no_price=no_price(record, spec),
+            queued=isinstance(acc, dict) and acc.get("provisioning") == "queued",
+        )
     return RunFacts(
         record=record,
         spec=spec,
@@ -287,16 +296,13 @@ def gather(
         snapshot=snapshot,
         cost=cost,
         startup=startup(events, snapshot.metrics, ready=info.ready),
-        timeline=build_timeline(
-            events,
-            snapshot.metrics,
-            created_at=_created_at(record, events),
-            evaluated=summary is not None and summary.evaluated,
-        ),
+        timeline=timeline,
         checkpoints=list_checkpoints(storage, warnings) if checkpoints else [],
         warnings=warnings,
         metrics=metrics,
         metrics_from=metrics_from,
         summary=summary,
         log_progress=log_progress,
+        resumed=resumed,
+        goodput=goodput,
     )

@@ -17,6 +17,14 @@ from runner.plan.planner import Plan
 
 # A package file (not a link): a wheel carries it, and `runner submit` renders it from there.
 TEMPLATE = Path(__file__).with_name("startup-script.sh")
+# Seconds a VM has from a stop's notice to power-off: "On-demand instances: 90 seconds after you stop or delete an
+# instance; Preemptible instances: 30 seconds after instance preemption begins" (cloud.google.com/compute/docs/
+# shutdownscript; a Spot VM is preempted the same way: .../instances/spot). Of it, the bootstrap keeps a few seconds
+# for what it does once the container is gone (its last event, the exit record's check); the container's stop
+# timeout, and the supervisor's grace (RUNNER_GRACE_S), are the rest.
+SPOT_GRACE_S = 30
+ON_DEMAND_GRACE_S = 90
+BOOTSTRAP_RESERVE_S = 3
 _BLOCK = re.compile(r"(# --- values \(rendered by runner/bootstrap\.py\) ---\n)(.*?)(# --- end values ---\n)", re.S)
 
 
@@ -27,6 +35,13 @@ def env_file(env: dict[str, str]) -> str:
         if "\n" in value or "\0" in value:
             raise ValueError(f"{key}: a container environment value cannot contain a newline or NUL")
     return "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
+
+
+def stop_timeout_s(plan: Plan) -> int:
+    """How long the job's container gets from a stop's SIGTERM to SIGKILL on this plan's VMs: the platform's grace
+    (a Spot VM's 30 s, an on-demand VM's 90 s), less the bootstrap's reserve."""
+    grace = SPOT_GRACE_S if plan.spec.accelerator.spot else ON_DEMAND_GRACE_S
+    return grace - BOOTSTRAP_RESERVE_S
 
 
 def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
@@ -50,7 +65,10 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "DEADLINE": str(int(plan.deadline)),
         "CONTAINER": contract.JOB_CONTAINER,
         "SAFETY_STOP": str(contract.EXIT_SAFETY_STOP),
+        "STOP_S": str(stop_timeout_s(plan)),  # docker's stop timeout, and the job's RUNNER_GRACE_S
         "JOB_ENV_B64": base64.b64encode(env_file(plan.env).encode()).decode(),
+        # "NAME AS VERSION" lines: references only; the VM reads the values with its own service account.
+        "SECRETS": "".join(f"{s.name} {s.mode} {s.source}\n" for s in plan.secrets if s.secret_manager),
     }
 
 

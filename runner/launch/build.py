@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -80,6 +81,25 @@ class Cli:
         except FileNotFoundError as exc:
             raise BackendError(f"the {self.engine.name} CLI is not installed") from exc
 
+    def tee(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The CLI with its output shown as it comes (as with capture=False) and kept: in stdout and stderr alike
+        (merged), for a failure to be read."""
+        env = {**self.engine.env(), "DOCKER_BUILDKIT": "1"}
+        try:
+            proc = subprocess.Popen(
+                self.engine.command(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
+        except FileNotFoundError as exc:
+            raise BackendError(f"the {self.engine.name} CLI is not installed") from exc
+        kept = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            kept.append(line)
+        output = "".join(kept)
+        return subprocess.CompletedProcess(list(args), proc.wait(), output, output)
+
     def present(self, ref: str) -> bool:
         return self("image", "inspect", "--format", "{{.Id}}", ref).returncode == 0
 
@@ -109,7 +129,7 @@ def in_registry(ref: str, cli: Cli, exists: Callable[[str], bool | None]) -> boo
     return known
 
 
-def _requirements_module(root: Path) -> ModuleType:
+def requirements_module(root: Path) -> ModuleType:
     """docker/requirements.py of the checkout being built (it is the image's, not the runner's: not importable)."""
     path = root / "docker" / "requirements.py"
     spec = importlib.util.spec_from_file_location("image_requirements", path)
@@ -121,7 +141,7 @@ def _requirements_module(root: Path) -> ModuleType:
 
 def extra_hosts(variant: str, root: Path = REPO_ROOT) -> list[str]:
     """The find-links URLs the variant's install reads besides PyPI (Google's libtpu indexes for tpu, jax-tpu)."""
-    module = _requirements_module(root)
+    module = requirements_module(root)
     lines, _ = module.requirements(root / "pyproject.toml", variant)
     return [line.split(None, 1)[1] for line in lines if line.startswith("--find-links ")]
 

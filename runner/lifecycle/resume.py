@@ -16,6 +16,7 @@ from typing import Any
 
 from runner import contract
 from runner.backends.base import Backend, MachineState
+from runner.checkpoints import Listing, survey
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.spec import JobSpec
 from runner.spec.loader import load_spec_text
@@ -85,15 +86,15 @@ def recorded_spec(storage: Storage, run_dir: str, overrides: list[str]) -> JobSp
 
 
 def resume_note(storage: Storage) -> str:
-    """What the next attempt continues from, as the run directory shows it: a job that wrote no checkpoints is not
-    promised a resume."""
+    """What the next attempt continues from, as the run directory shows it (runner.checkpoints: the newest committed
+    checkpoint, of any format): a job that wrote no checkpoints is not promised a resume."""
     try:
-        saved = [o for o in storage.list(contract.CHECKPOINTS + "/") if not o.key.rpartition("/")[2].startswith(".")]
+        newest = survey(Listing.of_storage(storage, contract.CHECKPOINTS + "/")).newest()
     except RunnerError:
         return "the job resumes from its newest checkpoint, if it wrote one (the run directory cannot be read now)"
-    if not saved:
+    if newest is None:
         return (
             f"the job starts over: it wrote no checkpoints to {contract.CHECKPOINT_DIR} "
             "(runner.train.keras_callbacks() writes them)"
         )
-    return "the job resumes from its newest checkpoint"
+    return f"the job resumes from its newest checkpoint, {newest.title}"

@@ -39,6 +39,7 @@ from runner.errors import (
     Preempted,
     RunBusy,
     RunnerError,
+    SpecError,
     StorageError,
     UsageError,
     Vanished,
@@ -47,17 +48,18 @@ from runner.interrupts import Interrupted, hurry, signals_raise
 from runner.launch.datacache import share_data
 from runner.lifecycle import machines
 from runner.lifecycle.ending import Ending
+from runner.lifecycle.failure import runner_failed
 from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.lease import Lease
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog, machine_end
+from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
-from runner.watch.follow import Sight, follow, tail_for
+from runner.watch.follow import Sight, fault, follow, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
@@ -151,6 +153,7 @@ class Run(Ending):
         self.since: float | None = None  # the storage's time when this attempt's machine was asked for
         self.preemptions = self.failures = self.silent_boots = 0
         self.safety_stop = False  # timed out, hung or silent: deleted even under teardown.policy on_success
+        self.watchdog: Watchdog | None = None  # the current attempt's
 
     # -- record ---------------------------------------------------------------------------------------------------
 
@@ -246,9 +249,11 @@ class Run(Ending):
             handle,
             status_every_s=self.status_every_s,
             stale_s=self.stale_s,
+            stop_grace_s=self.grace_s,
             sight=self.sight,
             say=self.say,
         )
+        self.watchdog = dog
         verdict: list[Verdict] = []
 
         def on_event(event: Event) -> None:
@@ -351,7 +356,8 @@ class Run(Ending):
                 raise _Retry(resumes=False)
             self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
             return RunState.FAILED
-        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers)
+        notice = self.watchdog.notice if self.watchdog is not None else None
+        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers, notice)
         if end.taken_back:
             if self.preemptions >= retries.preemptions:
                 self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
@@ -365,6 +371,8 @@ class Run(Ending):
             # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
             # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
             what = "the machine was preempted: recreating it"
+            if end.notice is not None:  # the job was stopped at the notice; the API shows the machine still
+                what = f"{NOTICES[end.notice]} (the job was stopped at once): recreating the machine"
             if slices > 1:
                 what = f"a slice was preempted: recreating all {slices} slices"
             self.say(f"{what} ({self.preemptions}/{retries.preemptions})")
@@ -395,6 +403,15 @@ class Run(Ending):
             self.say(f"the job failed: running it again ({self.failures}/{retries.failures})")
             raise _Retry
         return state
+
+    def _failed(self, exc: Exception, left_running: bool) -> RunnerError:
+        """A fault of this runner's own (runner.lifecycle.failure): said, with the job left running or stopped."""
+        what = fault(exc)
+        self.events.emit("runner_failed", error=what, job="left running" if left_running else "stopped")
+        if not left_running:
+            self.events.hold()
+            self.reason = f"the runner failed: {what}"
+        return runner_failed(self.plan.run_id, what, left_running=left_running)
 
     def _let_the_chief_save(self) -> None:
         """One slice of a multislice taken back: its hosts got the preemption notice, and through the workers'
@@ -482,7 +499,11 @@ class Run(Ending):
                         left_running, self.state = True, RunState.STARTING
                         return Outcome(self.record, self.state, None, detached=True)
                     self.say("following the run; Ctrl-C stops it and tears everything down")
-                    verdict, self.snapshot = self.watch(handle)
+                    try:
+                        verdict, self.snapshot = self.watch(handle)
+                    except Exception as exc:  # a fault of this runner's own, not the job's: the job is left as it is
+                        left_running = not isinstance(exc, RunnerError | Interrupted)
+                        raise
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
                     except _Retry as retry:
@@ -505,7 +526,7 @@ class Run(Ending):
                 "not refreshed in time); it follows the run now",
                 hint=f"`runner status {self.plan.run_id}`",
             ) from None
-        except BackendError as exc:
+        except (BackendError, SpecError) as exc:  # SpecError: the job's own requirements, refused by pip (deps)
             self.events.hold()
             if self._down_elsewhere():  # deleted under the wait by `runner down`: that is the run's end, not exc
                 self.state, self.reason = RunState.CANCELLED, STOPPED_BY_DOWN
@@ -521,6 +542,10 @@ class Run(Ending):
             self.events.hold()
             self.state, self.reason = RunState.FAILED, exc.message
             raise
+        except Exception as exc:
+            if isinstance(exc, RunnerError):
+                raise
+            raise self._failed(exc, left_running) from exc
         finally:
             try:
                 self._end(left_running)

@@ -6,18 +6,23 @@ deadlines are the runner's, whatever the machine does: max_runtime, boot_timeout
 
 On a pod slice every worker is judged on its own word: each must report (a bootstrap or worker event, or its
 heartbeat) within boot_timeout and keep its heartbeat going, and the first worker whose job ends badly ends the
-run, since the others cannot go on without it (a collective waits for every host).
+run, since the others cannot go on without it (a collective waits for every host). A stop is one event for the
+whole job: a worker whose job ended on a stop's exit code (143, 130) before its own supervisor was told (its peers
+agreed to stop: JAX's preemption sync) is not a failure while the run is being stopped (a worker's stop, a
+notice, a stopped worker's exit record), and waits for the others; with no stop anywhere within the run's stop
+grace, it is one.
 
 Durations judged from what the run directory shows (a silent boot, a heartbeat that stopped changing) are measured
 on the runner's own clock, one clock, never against a time a VM wrote; and on a clock that stands still while the
 run directory cannot be read (runner.watch.follow.Sight): losing sight of storage is no evidence about the run.
 The machine's state as the API says it is shown as it changes (REPAIRING, HIDDEN, UNKNOWN ...).
-When following ends, what the machine's end means: taken back (a preemption, recreated) or stopped under the
-run (lost).
+When following ends, what the machine's end means: taken back (a preemption, or a notice of one or of a
+maintenance that the bootstrap passed to the job: recreated) or stopped under the run (lost).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,7 +35,7 @@ from runner.plan.planner import Plan
 from runner.watch.events import Event
 from runner.watch.follow import Sight
 from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot
-from runner.watch.state import RunState
+from runner.watch.state import STOPS, RunState
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,8 @@ HANG_SLACK_S = 30.0
 # A worker whose heartbeat has not changed for this long (by the runner's own clock) is lost. The supervisor beats
 # every 10 s, but the upload of its heartbeat can wait behind a large checkpoint's: generous by default.
 STALE_HEARTBEAT_S = 300.0
+# What the VM's bootstrap says when the metadata server gives notice of the machine's end (it stops the job at once).
+NOTICES = {"preemption_notice": "a preemption notice came", "maintenance_notice": "a maintenance notice came"}
 
 
 class Verdict(str, Enum):
@@ -67,31 +74,44 @@ def stopped_reason(what: str, native: str, stop_command: str | None) -> str:
 @dataclass(frozen=True)
 class MachineEnd:
     """What the end of following a machine means, from one read of it: `taken_back` (preempted, or gone without
-    every worker's exit record: not the job's doing, so the machine is recreated), or `stopped` (why the run is lost:
-    the machine was stopped under it before every worker succeeded), or neither."""
+    every worker's exit record: not the job's doing, so the machine is recreated; `notice`: taken back on the
+    bootstrap's word alone, NOTICES' event, while the API still shows the machine), or `stopped` (why the run is
+    lost: the machine was stopped under it before every worker succeeded), or neither."""
 
     taken_back: bool = False
     stopped: str | None = None
+    notice: str | None = None
 
 
-def machine_end(backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int) -> MachineEnd:
+def machine_end(
+    backend: Backend, handle: Handle, verdict: Verdict, snapshot: Snapshot, num_workers: int, notice: str | None = None
+) -> MachineEnd:
     """One read of the machine (an ephemeral one is never taken back or stopped under a run). A STOPPED machine's
-    workers record `cancelled`: that is the stop's doing, not the job's end."""
+    workers record `cancelled`: that is the stop's doing, not the job's end. A `notice` the bootstrap passed to the
+    job (NOTICES) takes the machine back too unless every worker had succeeded: the job stopped for the machine's
+    end, whatever it exited with, and goes on on a new one."""
     if backend.ephemeral:
         return MachineEnd()
+    complete = len(snapshot.exits) >= num_workers
+    noticed = notice if notice is not None and not (complete and all_succeeded(snapshot)) else None
     try:
         machine, native = backend.observe(handle)
     except RunnerError:
-        return MachineEnd(taken_back=verdict == Verdict.MACHINE_GONE)
-    complete = len(snapshot.exits) >= num_workers
+        return MachineEnd(taken_back=verdict == Verdict.MACHINE_GONE or noticed is not None, notice=noticed)
     if machine == MachineState.PREEMPTED or (
         machine == MachineState.GONE and not (complete and all(e.state != RunState.CANCELLED for e in snapshot.exits))
     ):
         return MachineEnd(taken_back=True)
-    succeeded = complete and all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
+    if noticed is not None:
+        return MachineEnd(taken_back=True, notice=noticed)
+    succeeded = complete and all_succeeded(snapshot)
     if succeeded or verdict not in (Verdict.MACHINE_GONE, Verdict.FINISHED) or native not in backend.stopped_states:
         return MachineEnd()
     return MachineEnd(stopped=stopped_reason(backend.describe_handle(handle), native, backend.stop_command))
+
+
+def all_succeeded(snapshot: Snapshot) -> bool:
+    return all(e.state == RunState.SUCCEEDED for e in snapshot.exits)
 
 
 _GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
@@ -110,18 +130,23 @@ class Watchdog:
         *,
         status_every_s: float,
         stale_s: float = STALE_HEARTBEAT_S,
+        stop_grace_s: float = 30.0,
         sight: Sight | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
         self.plan, self.backend, self.handle = plan, backend, handle
         self.status_every_s = status_every_s
         self.stale_s = stale_s
+        self.stop_grace_s = stop_grace_s  # how long a peer_stop exit waits for word of a stop before it is a failure
         self.clock = sight.clock if sight is not None else time.monotonic
         self.say = say
         self.native: str | None = None  # the machine's state as the API said it last
         self.ready_at = self.clock()
         self.reported: set[int] = set()  # workers that said a word: an event, or a heartbeat
         self.down = False
+        self.stopping = False  # a worker's supervisor began to stop its job, or a notice came
+        self.notice: str | None = None  # NOTICES' event the bootstrap recorded, if any
+        self._peer_stops: dict[int, float] = {}  # worker -> when its peer_stop exit record was first seen
         self.heard_at: float | None = None
         self.reason: str | None = None  # why a worker verdict was given, naming the worker
         self._asked_at = float("-inf")
@@ -140,6 +165,10 @@ class Watchdog:
             self.reported.add(int(worker))
         if event.event == "down_requested":
             self.down = True
+        if event.event == "stopping" or event.event in NOTICES:
+            self.stopping = True
+        if event.event in NOTICES:
+            self.notice = event.event
 
     @staticmethod
     def beats(snapshot: Snapshot) -> dict[int, Heartbeat]:
@@ -207,9 +236,21 @@ class Watchdog:
         longest = max(still, default=0.0)
         return longest if longest > timeout + HANG_SLACK_S else None
 
-    def first_failure(self, snapshot: Snapshot) -> ExitRecord | None:
-        """The worker whose job ended badly first (by its own clock), or None."""
-        failed = [e for e in snapshot.exits if e.state != RunState.SUCCEEDED]
+    def first_failure(self, snapshot: Snapshot, now: float) -> ExitRecord | None:
+        """The worker whose job ended badly first (by its own clock), or None. A peer_stop exit (the stop its peers
+        agreed on reached it before its supervisor) is not one while the run is being stopped, nor for stop_grace_s
+        after it is first seen (`now`, on self.clock), in which word of the stop may still come."""
+        stopping = self.stopping or any(e.state in STOPS and not e.peer_stop for e in snapshot.exits)
+        failed = []
+        for record in snapshot.exits:
+            if record.state == RunState.SUCCEEDED:
+                continue
+            if record.peer_stop:
+                seen = self._peer_stops.setdefault(record.worker, now)
+                if stopping or now - seen <= self.stop_grace_s:
+                    continue
+                record = dataclasses.replace(record, state=RunState.FAILED)  # it stopped alone
+            failed.append(record)
         return min(failed, key=lambda e: e.finished_at) if failed else None
 
     def lost_worker(self, snapshot: Snapshot, now: float) -> str | None:
@@ -234,14 +275,14 @@ class Watchdog:
             return Verdict.FINISHED
         if self.down:
             return Verdict.DOWN
-        if self.plan.num_workers > 1 and (failed := self.first_failure(snapshot)) is not None:
+        now = self.clock()
+        if self.plan.num_workers > 1 and (failed := self.first_failure(snapshot, now)) is not None:
             self.reason = f"worker {failed.worker} {failed.state} first (exit code {failed.exit_code})" + (
                 f": {failed.error}" if failed.error else ""
             )
             return Verdict.WORKER_FAILED
         if time.time() > self.plan.deadline:  # the runner's own promise, on its own clock
             return Verdict.DEADLINE
-        now = self.clock()
         self._note_heartbeats(snapshot, now)
         if not self.booted and now - self.ready_at > self.plan.spec.teardown.boot_timeout:
             return Verdict.SILENT

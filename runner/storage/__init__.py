@@ -46,14 +46,19 @@ class Storage(Protocol):
         """Add `data` to the end of the object, which holds `at` bytes now; StorageError when it does not."""
         ...
 
-    def upload_file(self, path: Path, key: str) -> None: ...
+    def upload_file(self, path: Path, key: str) -> None:
+        """Copy the file at `path` to the object; FileNotFoundError when it is gone (a job renamed or deleted it since
+        it was listed: the caller takes that as it is)."""
+        ...
 
     def download_file(self, key: str, path: Path) -> bool:
         """Copy the object to `path`; False if it does not exist."""
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Objects whose key starts with `prefix`, sorted by key."""
+        """Objects whose key starts with `prefix`, sorted by key: what is there while the listing is read (a job may
+        be writing the run directory meanwhile; an object listed may be gone by the time it is read, which then
+        reads as missing)."""
         ...
 
     def delete(self, key: str) -> None:

@@ -191,6 +191,8 @@ class GCSStorage:
         blob = self._get_bucket().blob(self._name(key))
         try:
             blob.upload_from_filename(str(path), retry=self._retry(), timeout=self.timeout_s)
+        except FileNotFoundError:
+            raise  # renamed or deleted since it was listed (the Storage protocol)
         except OSError as exc:
             if isinstance(exc, ConnectionError | TimeoutError):
                 raise self._wrap(exc, "write", key) from exc

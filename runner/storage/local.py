@@ -81,6 +81,10 @@ class LocalStorage:
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
+        except FileNotFoundError:
+            if not path.exists():
+                raise  # renamed or deleted since it was listed (the Storage protocol)
+            raise StorageError(f"cannot copy {path} to {dest}: its directory went away") from None
         except OSError as exc:
             raise StorageError(f"cannot copy {path} to {dest}: {exc.strerror}") from exc
 
@@ -90,23 +94,25 @@ class LocalStorage:
             return False
         if src != path.absolute():
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, path)
+            tmp = path.with_name(f".{path.name}.part")
+            try:
+                shutil.copyfile(src, tmp)
+            except FileNotFoundError:  # gone since it was listed: missing, like one never there
+                tmp.unlink(missing_ok=True)
+                return False
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise StorageError(f"cannot copy {src} to {path}: {exc.strerror}") from exc
+            tmp.replace(path)
         return True
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        if not self.root.is_dir():
-            return []
-        out = []
-        for path in self.root.rglob("*"):
-            if path.is_file() and not path.name.startswith("."):
-                key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    try:
-                        st = path.stat()
-                    except FileNotFoundError:  # replaced or removed while listing
-                        continue
-                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
-        return sorted(out, key=lambda o: o.key)
+        """Only the prefix's own directory is read (`logs/` never walks checkpoints/), and it is read as it is while
+        a job writes it: a file or directory that vanishes (renamed, rotated away) or appears mid-listing is left
+        out or listed, never an error."""
+        directory, _, start = prefix.rpartition("/")
+        found = _files(self._path(directory) if directory else self.root, f"{directory}/" if directory else "", start)
+        return sorted(found, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
         try:
@@ -166,3 +172,32 @@ class LocalStorage:
             except OSError as exc:
                 raise StorageError(f"cannot write {path}: {exc.strerror}") from exc
             return ObjectInfo(key, len(data), path.stat().st_mtime, generation + 1)
+
+
+def _files(directory: Path, base: str, start: str = "") -> list[ObjectInfo]:
+    """Every visible file under `directory` whose name (at its top level) starts with `start`, keyed `base` + its
+    relative path. What another process renames or deletes meanwhile is taken as it is: a directory gone before it
+    is read lists nothing, a file gone before its stat is left out (an atomic write's rename never leaves its key
+    absent: the old or the new file is there). Links to directories are not followed (no loops); hidden files (an
+    atomic write's temporaries) are never listed."""
+    try:
+        with os.scandir(directory) as entries:
+            found = [entry for entry in entries if entry.name.startswith(start)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        if base and not start and isinstance(exc, PermissionError):
+            return []  # a subdirectory this user cannot read: the rest is still worth listing (as rglob did)
+        raise StorageError(f"cannot list {directory}: {exc.strerror}") from exc
+    out: list[ObjectInfo] = []
+    for entry in found:
+        key = base + entry.name
+        if entry.is_dir(follow_symlinks=False):  # False, not an error, for an entry gone since the scan
+            out += _files(Path(entry.path), key + "/")
+        elif not entry.name.startswith(".") and entry.is_file():
+            try:
+                st = entry.stat()
+            except FileNotFoundError:  # replaced or removed since the scan
+                continue
+            out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+    return out

@@ -28,12 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import contract
+from runner.checkpoints.resumed import EVENT as RESUMED
+from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step
 from runner.spec import TrainingSpec
-from runner.train import perf
+from runner.train import choices
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
-from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
+from runner.train.milestones import DATA_LOADED, DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore_into
+from runner.train.resume import start_from
 from runner.watch.rundir import Summary
 
 log = logging.getLogger("runner.train")
@@ -61,6 +64,7 @@ class Prepared:
     store: CheckpointStore
     data_order: DataOrder
     resumed: Candidate | None  # the checkpoint the model was restored from
+    resumption: Resumed | None  # where this attempt went on from, as said (None: a first attempt)
     initial_epoch: int  # epochs done when this process started
     initial_step: int  # steps of the next epoch done when this process started
     initial_global_step: int
@@ -79,37 +83,6 @@ class Prepared:
         return self.engine.keras_impl
 
 
-def position(
-    resumed: Candidate | None, model: Any, steps: int, order: DataOrder, replayable: tuple[bool, str] = (True, "")
-) -> tuple[int, int, int]:
-    """(epochs done, steps of the next epoch, global step) to go on from, said in the log."""
-    if resumed is None:
-        return 0, 0, 0
-    ckpt = resumed.checkpoint
-    # Training steps taken, from the manifest when it says. The optimizer's own count can be lower: Keras 3's
-    # LossScaleOptimizer (mixed_float16) does not count the steps it skips for non-finite gradients.
-    global_step = int(model.optimizer.iterations.numpy()) if ckpt.global_step is None else ckpt.global_step
-    epochs_done, step = ckpt.position
-    if step == 0:
-        _say(f"[trainer] resumed from {resumed.name}: epoch {epochs_done} done, optimizer step {global_step}")
-        return epochs_done, step, global_step
-    _say(
-        f"[trainer] resumed from {resumed.name}: epoch {epochs_done + 1} step {step} of {steps} "
-        f"(global step {global_step})"
-    )
-    if step >= steps or (ckpt.data is not None and ckpt.data != order):
-        # The rest of that epoch would not be the batches its first part left out: start the epoch over instead.
-        _say(
-            f"[trainer] {resumed.name} was saved mid-epoch with another data order ({ckpt.data}, now {order}); "
-            f"epoch {epochs_done + 1} starts over from step 0"
-        )
-        step = 0
-    elif not replayable[0]:
-        _say(f"[trainer] the training data {replayable[1]}: epoch {epochs_done + 1} starts over from step 0")
-        step = 0
-    return epochs_done, step, global_step
-
-
 def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
     """The chief's perf choices on every process of a multi-process run (each would otherwise decide for itself,
     from its own timing on a shared machine, and the collectives would fail on mixed dtypes); `plan` unchanged for
@@ -120,8 +93,8 @@ def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
     if shared is None:
         return plan
     reduce_sum, _processes, copies = shared
-    chosen = agreement.broadcast(perf.run_choices(plan), reduce_sum, chief, copies)
-    return plan if chief else perf.adopt_choices(plan, chosen)
+    chosen = agreement.broadcast(choices.run_choices(plan), reduce_sum, chief, copies)
+    return plan if chief else choices.adopt_choices(plan, chosen)
 
 
 def compile_model(model: Any, cfg: TrainingSpec, keras: Any, plan: Any, labels: str) -> None:
@@ -162,8 +135,11 @@ def prepare(
     t_start = time.time()
     engine = engine_for(cfg.framework)
     # Which checkpoint to resume from decides which Keras to import: choose before the framework is imported.
+    t0 = time.monotonic()
     chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
     first = chooser.next_verified()
+    if milestones is not None and ctx.is_chief and chooser.found_any:
+        milestones.took(RESTORED, t0, stage="verify", checkpoint=_where(first))
     keras = engine.start(cfg, first.keras if first else None)
     versions = engine.versions()
     if milestones is not None:
@@ -175,6 +151,7 @@ def prepare(
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
         raise TrainerError(f"batch_size {cfg.batch_size} is not divisible by the {replicas} replicas")
+    t0 = time.monotonic()
     try:
         data = data_inputs.load(cfg.data, cfg.model, cfg.max_train_examples, cfg.max_test_examples, keras)
     except DatasetError as exc:
@@ -185,6 +162,8 @@ def prepare(
         raise TrainerError(f"batch_size {cfg.batch_size} is larger than the {len(data.x_train)} training examples")
     train_data, test_ds = engine.feeds(data, cfg, resolved)
     steps = steps or train_data.steps
+    if milestones is not None and chief:
+        milestones.took(DATA_LOADED, t0, dataset=data.source, train_examples=data.train_examples)
     _say(f"[trainer] data: {_describe_data(data, cfg, replicas, steps)}")
     try:
         # Only the chief times the variants, for arrays of its model: the run's choice is one (one_choice).
@@ -208,11 +187,26 @@ def prepare(
         data_inputs.check_model(model, cfg.model, data)
         compile_model(model, cfg, keras, plan, data.labels)
         engine.after_build(model, plan)
+        t0 = time.monotonic()
         resumed = restore_into(model, chooser, first, engine.keras_impl, engine.framework, _say)
-    if resumed is None and chooser.found_any:
-        _say(f"[trainer] no checkpoint verifies ({len(chooser.skipped)} skipped): starting over from epoch 1")
-    replayable = (True, "") if not data.datasets else (train_data.replayable, train_data.why)
-    epochs_done, step, global_step = position(resumed, model, steps, order, replayable)
+    if milestones is not None and chief and first is not None:
+        milestones.took(RESTORED, t0, stage="load", checkpoint=_where(resumed))
+    start = start_from(
+        resumed,
+        steps=steps,
+        order=order,
+        optimizer_step=lambda: int(model.optimizer.iterations.numpy()),
+        found_any=chooser.found_any,
+        skipped=len(chooser.skipped),
+        say=_say,
+        prefix="[trainer]",
+    )
+    if data.datasets and not train_data.replayable:
+        start = start.restart_epoch(_say, f"[trainer] the training data {train_data.why}")
+    resumption = start.announce(furthest_step(ctx.output_dir), _say, "[trainer]") if chief else None
+    if resumption is not None and milestones is not None:
+        milestones.emit(RESUMED, **resumption.to_json())
+    (epochs_done, step), global_step = start.position, start.global_step
     store = CheckpointStore(ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS, cfg.checkpoint_keep)
     store.history = chooser.history_for(resumed) if chief else []
     from runner.train.callbacks import Cursor
@@ -234,6 +228,7 @@ def prepare(
         store=store,
         data_order=order,
         resumed=resumed,
+        resumption=resumption,
         initial_epoch=epochs_done,
         initial_step=step,
         initial_global_step=global_step,
@@ -260,10 +255,12 @@ def _describe_data(data: Any, cfg: TrainingSpec, replicas: int, steps: int) -> s
     )
 
 
-def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -> tuple[list[Any], Any]:
+def make_callbacks(
+    run: Prepared, clock: Callable[[], float] = time.monotonic, milestones: Milestones | None = None
+) -> tuple[list[Any], Any]:
     """The contract's callbacks (runner.train.library.contract_callbacks: the same as a user's fit gets) and the
     StopSignal, which notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress
-    (tests inject it)."""
+    (tests inject it); `milestones` records each save (the trainer's own run)."""
     from runner.train import agreement
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
@@ -286,6 +283,7 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
         chief=run.chief,
         global_batch=cfg.batch_size,
         clock=clock,
+        milestones=milestones,
     )
     _find(callbacks, cb.Checkpointer).set_model(run.model)  # a stop between two fits saves before any fit set it
     return callbacks, stop
@@ -352,6 +350,7 @@ def finish(run: Prepared) -> dict[str, Any]:
         if resumed
         else None,
         "resumed_from_epoch": run.initial_epoch or None,
+        "resumed": run.resumption.to_json() if run.resumption is not None else None,
         "test_accuracy": round(float(results["accuracy"]), 6),
         "test_loss": round(float(results["xent"]), 6),
         "train_examples": run.train_examples,
@@ -386,7 +385,7 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     # Only now: the callbacks' base class is the Keras that prepare() chose (tf_keras, or Keras 3 on an engine).
     from runner.train.callbacks import Checkpointer, TrainingInterrupted
 
-    callbacks, stop = make_callbacks(run)
+    callbacks, stop = make_callbacks(run, milestones=milestones)
     callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
@@ -405,6 +404,10 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
 
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+def _where(candidate: Candidate | None) -> str | None:
+    return f"{contract.CHECKPOINTS}/{candidate.name}" if candidate is not None else None
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from runner import contract
 from runner.errors import BucketMissing, StorageError
@@ -22,6 +23,9 @@ from runner.watch.rundir import Snapshot, read_snapshot
 # Between reads of a run directory that cannot be read: doubling from the follow interval up to this.
 MAX_BACKOFF_S = 30.0
 REMIND_S = 60.0  # how often "still cannot read" is said while it lasts
+# A read that fails with an error no storage raises is a fault of this runner's reading, met while a job rewrites
+# what it reads: said, and read again at the next poll; this many in a row, and it is raised to the caller.
+UNEXPECTED_IN_A_ROW = 3
 
 
 class Sight:
@@ -148,11 +152,14 @@ def follow(
 
     While the run directory cannot be read, `sight` says so and the reads back off; `stop` is asked about the last
     snapshot read only with `judge_blind` (a caller whose judgement rests on more than the run directory: the API,
-    its own deadlines). BucketMissing ends it: the bucket is gone."""
+    its own deadlines). BucketMissing ends it: the bucket is gone. A read that fails unexpectedly (not a
+    StorageError: a fault of the runner's own reading) is said and tried again at the next poll; UNEXPECTED_IN_A_ROW
+    such failures in a row are raised."""
     tail = tail or LogTail(run_dir, worker)
     seen = seen_events if seen_events is not None else set()
     sight = sight or Sight(None, interval_s)
     last = Snapshot([], None, [], None)
+    unexpected = 0
 
     def new_events() -> None:
         if on_event is None:
@@ -178,6 +185,14 @@ def follow(
                 return last
             time.sleep(wait)
             continue
+        except Exception as exc:
+            unexpected += 1
+            if unexpected >= UNEXPECTED_IN_A_ROW:
+                raise
+            sight.say(f"warning: reading the run directory failed ({fault(exc)}); reading it again")
+            time.sleep(interval_s)
+            continue
+        unexpected = 0
         sight.back()
         last = snapshot
         done = len(snapshot.exits) >= num_workers or (stop is not None and stop(snapshot))
@@ -205,3 +220,12 @@ def _read_or(fallback: Snapshot, read: Callable[[], Snapshot]) -> Snapshot:
         raise
     except StorageError:
         return fallback
+
+
+def fault(exc: BaseException) -> str:
+    """'FileNotFoundError: [Errno 2] ... (local.py:97)': an unexpected error, and where it was raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {str(exc)[:300]}{where}"

@@ -91,10 +91,11 @@ def derive_summary(
     return summary
 
 
-def write_derived_summary(output_dir: Path) -> dict[str, Any] | None:
+def write_derived_summary(output_dir: Path, resumed: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """At the job's end (worker 0's supervisor): summary.json derived from the output directory's metrics.jsonl
     and logs/worker-0.log, unless the job wrote a summary of its own. One derived by an earlier attempt is derived
-    again (the log and the metrics have grown since). Returns what it wrote."""
+    again (the log and the metrics have grown since). `resumed`: where this attempt went on from
+    (runner.checkpoints.resumed), kept in it. Returns what it wrote."""
     from runner.watch.rundir import parse_jsonl
 
     target = output_dir / contract.SUMMARY
@@ -116,6 +117,8 @@ def write_derived_summary(output_dir: Path) -> dict[str, Any] | None:
             stream.seek(max(0, log_file.stat().st_size - LOG_TAIL_BYTES))
             log = stream.read().decode(errors="replace")
     summary = derive_summary(metrics, log)
+    if summary is not None and resumed is not None:
+        summary["resumed"] = resumed
     if summary is not None:
         temporary = target.with_name(f".{target.name}.derived")
         temporary.write_text(json.dumps(summary, indent=1))

@@ -74,6 +74,10 @@ class ExitRecord:
     started_at: float | None = None
     error: str | None = None
     tail: list[str] = field(default_factory=list)  # the job's last output lines
+    # `cancelled` by the job's own stop's exit code (143, 130), not its supervisor's: on a pod slice, the stop its
+    # peers agreed on (JAX's preemption sync) reaching it first. The run counts it as stopped only while another
+    # worker was (runner.watch.state.worker_states), as failed otherwise.
+    peer_stop: bool = False
 
     @classmethod
     def from_json(cls, raw: Any) -> ExitRecord:
@@ -88,6 +92,7 @@ class ExitRecord:
             started_at=started,
             error=None if raw.get("error") is None else str(raw["error"]),
             tail=[str(line) for line in tail] if isinstance(tail, list) else [str(tail)],
+            peer_stop=raw.get("peer_stop") is True,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -187,6 +192,7 @@ _SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "optimizer_iterations": int,
     "resumed_from": dict,
     "resumed_from_epoch": int,
+    "resumed": dict,  # where the attempt went on from (runner.checkpoints.resumed), derived summaries too
     "test_accuracy": float,
     "test_loss": float,
     "train_examples": int,

@@ -7,11 +7,13 @@ what the backend says of the machine. The lifecycle, `status`, `logs -f` and `li
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runner.watch.rundir import Snapshot
+    from runner.watch.rundir import ExitRecord, Snapshot
 
 
 class RunState(str, Enum):
@@ -43,6 +45,18 @@ _TERMINAL = {
 }
 # When workers disagree, the worst one names the run.
 _SEVERITY = [RunState.SUCCEEDED, RunState.TIMED_OUT, RunState.CANCELLED, RunState.HUNG, RunState.FAILED]
+STOPS = frozenset({RunState.CANCELLED, RunState.TIMED_OUT, RunState.HUNG})  # a worker stopped, by someone or a net
+# How a process that a stop ended exits (128 + SIGTERM, or SIGINT), as a shell reports it; never a SIGKILL's 137.
+STOP_EXIT_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGINT})
+
+
+def worker_states(exits: Sequence[ExitRecord]) -> list[RunState]:
+    """Each exit record's state, as the run counts it. A worker whose job ended on a stop its supervisor did not
+    send (ExitRecord.peer_stop: on a pod slice, the stop its peers agreed on, JAX's preemption sync) is stopped with
+    the others while any other worker was stopped, and failed when none was: a stop is one event for the whole job,
+    and a job that stopped alone could not go on."""
+    stop = max((e.state for e in exits if e.state in STOPS and not e.peer_stop), key=_SEVERITY.index, default=None)
+    return [(stop or RunState.FAILED) if e.peer_stop else e.state for e in exits]
 
 
 def derive_state(
@@ -59,10 +73,11 @@ def derive_state(
         return recorded
     if recorded == RunState.LOST and all(e.state == RunState.CANCELLED for e in snapshot.exits):
         return recorded  # a stop's doing (SIGTERM), not how the job ended: what the runner saw says more
-    if snapshot.exits and len(snapshot.exits) >= num_workers:
-        return max((e.state for e in snapshot.exits), key=_SEVERITY.index)
-    if snapshot.exits and any(e.state != RunState.SUCCEEDED for e in snapshot.exits):
-        return max((e.state for e in snapshot.exits), key=_SEVERITY.index)
+    states = worker_states(snapshot.exits)
+    if states and len(states) >= num_workers:
+        return max(states, key=_SEVERITY.index)
+    if any(state != RunState.SUCCEEDED for state in states):
+        return max(states, key=_SEVERITY.index)
     if recorded.is_terminal():
         return recorded
     age = snapshot.heartbeat_age_s

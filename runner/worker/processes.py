@@ -59,14 +59,22 @@ def group_alive(pgid: int) -> bool:
 
 def stop_group(pgid: int, grace_s: float) -> None:
     """SIGTERM the whole process group, wait up to `grace_s` for it to exit, then SIGKILL what is left."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    stop_groups([pgid], grace_s)
+
+
+def stop_groups(pgids: list[int], grace_s: float) -> None:
+    """SIGTERM every one of the process groups at once, wait up to `grace_s` for all of them to exit, then SIGKILL
+    what is left: one stop for all, each group with the whole grace."""
+    signalled = []
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+            signalled.append(pgid)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    while signalled and time.monotonic() < deadline:
+        signalled = [pgid for pgid in signalled if group_alive(pgid)]
+        if signalled:
+            time.sleep(0.1)
+    for pgid in signalled:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)

@@ -31,13 +31,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 from runner import contract
+from runner.checkpoints import RESUMABLE, Listing, survey
+from runner.checkpoints.resumed import EVENT as RESUMED
+from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step, latest, redone
+from runner.redact import Redactor, job_secrets
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
-from runner.watch.events import EventLog, now
+from runner.watch.events import EventLog, now, read_events
 from runner.watch.logtext import LogCleaner
 from runner.watch.results import write_derived_summary
 from runner.watch.rundir import TRAINING_DONE, ExitRecord, Heartbeat, Progress
-from runner.watch.state import RunState
+from runner.watch.state import STOP_EXIT_CODES, RunState
 from runner.worker import processes
 from runner.worker.mirror import Mirror, checkpoint_keep
 
@@ -45,6 +49,9 @@ TAIL_LINES = 30
 # Seconds of the stop grace kept for what follows the job's end: reaping it, the exit record, the last push to storage.
 FINISH_RESERVE_S = 5.0
 EXIT_SAFETY_STOP = contract.EXIT_SAFETY_STOP
+# First on the job's PYTHONPATH where the runner made its cluster: its sitecustomize.py lets a bare
+# jax.distributed.initialize() find that cluster (runner.train.jaxcluster).
+JOB_PATH = Path(__file__).with_name("jobpath")
 
 
 def _job_process() -> None:
@@ -67,8 +74,8 @@ class Supervisor:
         self.environ = environ
         self.run_dir = environ[contract.RUN_DIR]
         self.worker = int(environ.get(contract.WORKER_ID, "0"))
-        self.heartbeat_s = float(environ.get(contract.HEARTBEAT_S, "10"))
-        self.sync_s = float(environ.get(contract.SYNC_S, "5"))
+        self.heartbeat_s = contract.cadence(contract.HEARTBEAT_S, environ)
+        self.sync_s = contract.cadence(contract.SYNC_S, environ)
         self.grace_s = float(environ.get(contract.GRACE_S, "30"))
         # Whoever sent the SIGTERM (the runner, `docker stop`, a Spot VM's preemption) kills the whole group when the
         # same grace ends, so the job gets the grace less what this process needs after it: without the reserve, a
@@ -96,12 +103,17 @@ class Supervisor:
         self._last_submitter_check = 0.0
         self.started = now()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        # The job's secrets, as the job has them: replaced in everything it prints before it goes anywhere.
+        self.redactor = Redactor(job_secrets(environ))
         self._lock = threading.Lock()
         self._done = threading.Event()
         # Progress: the trainer's step (progress.json), or for a command that writes none, its output so far.
         self._output_bytes = 0
         self._progress: tuple[object, ...] | None = None
         self.progress_at = time.time()
+        self.resumed: dict[str, object] | None = None  # where a command job's attempt went on from (goes_on_from)
+        self.restored: dict[str, float | int | str] | None = None  # the checkpoints' download onto this machine
+        self.restored_at = 0.0
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -114,14 +126,18 @@ class Supervisor:
         ctx = contract.JobContext.from_env({**env, contract.OUTPUT_DIR: str(self.output)})
         env.update(ctx.env())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if contract.cluster(env) is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB_PATH), env.get("PYTHONPATH")]))
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
-        """The job's output: raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape
-        sequences into the log file and the exit record's tail (runner.watch.logtext)."""
+        """The job's output, its secrets' values replaced first (runner.redact: a value split across two reads
+        too): raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape sequences into
+        the log file and the exit record's tail (runner.watch.logtext)."""
         assert proc.stdout is not None
         cleaner = LogCleaner()
         partial = b""
+        redactor = self.redactor
 
         def store(data: bytes, log: BinaryIO) -> bytes:
             log.write(data)
@@ -130,12 +146,16 @@ class Supervisor:
             self.tail.extend(line.decode(errors="replace") for line in lines if line.strip())
             return rest
 
+        def out(data: bytes, log: BinaryIO) -> bytes:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return store(cleaner.feed(data), log)
+
         with log_file.open("ab") as log:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 self._output_bytes += len(chunk)
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                partial = store(cleaner.feed(chunk), log)
+                partial = out(redactor.feed(chunk), log)
+            partial = out(redactor.flush(), log)
             partial = store(cleaner.flush(), log)
 
     # -- periodic work ------------------------------------------------------------------------------------------
@@ -242,11 +262,53 @@ class Supervisor:
         restored = [key for key in pulled if key.startswith(f"{contract.CHECKPOINTS}/")]
         if restored:
             size = sum((self.output / key).stat().st_size for key in restored if (self.output / key).is_file())
+            took = time.monotonic() - t0
             self.note(
                 f"[runner] restored {len(restored)} checkpoint file(s), {size / 1e6:.1f} MB, from the run directory "
-                f"into {contract.CHECKPOINT_DIR} in {time.monotonic() - t0:.1f}s"
+                f"into {contract.CHECKPOINT_DIR} in {took:.1f}s"
             )
+            # said once the worker's event file is open (it is among what was pulled): the run's goodput
+            self.restored = {"seconds": round(took, 3), "stage": "download", "files": len(restored), "bytes": size}
+            self.restored_at = time.time()
         return pulled
+
+    def goes_on_from(self, events: EventLog) -> dict[str, object] | None:
+        """A command job's later attempt: where it goes on from, as the runner reads RUNNER_CHECKPOINT_DIR (the
+        newest committed checkpoint of a format a job resumes from by itself: an Orbax step, a TensorFlow save, a
+        BackupAndRestore backup), said in its log and as an event. keras_callbacks() says it itself, from the
+        checkpoint it loads."""
+        found = survey(Listing.of_directory(self.output / contract.CHECKPOINTS))
+        newest = found.newest(RESUMABLE)
+        if any(s.format == "Keras" for s in found.saved):
+            return None
+        if newest is None:
+            if not found.committed():
+                self.note(
+                    f"[runner] nothing in {contract.CHECKPOINT_DIR} to go on from: the job starts over, unless it "
+                    "keeps its checkpoints elsewhere"
+                )
+            return None
+        record = Resumed(
+            checkpoint=f"{contract.CHECKPOINTS}/{newest.path}",
+            step=newest.step,
+            redone=redone(furthest_step(self.output), newest.step),
+            format=newest.format,
+            epoch=newest.epochs_done,
+        )
+        self.note(f"[runner] {record.text()}: the newest committed checkpoint in {contract.CHECKPOINT_DIR}")
+        events.emit(RESUMED, **record.to_json())
+        return record.to_json()
+
+    def resumption(self) -> dict[str, object] | None:
+        """Where this attempt went on from, for summary.json: the supervisor's word, else keras_callbacks' (its
+        event, since this start)."""
+        if self.resumed is not None:
+            return self.resumed
+        try:
+            said = latest([e for e in read_events(self.local) if e.time >= self.started])
+        except Exception:  # a summary without it is better than none
+            return None
+        return said.to_json() if said is not None else None
 
     def note(self, line: str) -> None:
         """A line of the supervisor's own in the job's log (and on its output), where `runner logs` shows it."""
@@ -266,7 +328,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         pulled = self.restore()
-        events = EventLog(self.local, f"worker-{self.worker}")
+        source = f"worker-{self.worker}"
+        earlier = (self.output / contract.events_key(source)).is_file()  # a later attempt (or a recreated machine)
+        events = EventLog(self.local, source)
         cmd = self.command()
         events.emit(
             "worker_started",
@@ -276,6 +340,10 @@ class Supervisor:
             command=cmd,
             restored=pulled,
         )
+        if self.restored is not None:
+            events.emit(RESTORED, happened_at=self.restored_at, **self.restored)
+        if earlier and self.worker == 0 and contract.COMMAND in self.environ:
+            self.resumed = self.goes_on_from(events)
         self.heartbeat("starting")
         self.push()
         log_file = self.output / contract.log_key(self.worker)
@@ -301,6 +369,9 @@ class Supervisor:
             if self.stop_reason is None:
                 self._check_safety_nets()
             if self.stop_reason:
+                # Said before the job is stopped: on a pod slice, a peer that the stop reaches first through the
+                # job itself (JAX's preemption sync) may end before its own supervisor hears of it.
+                events.emit("stopping", reason=self.stop_reason)
                 self._stop(proc)
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -311,7 +382,7 @@ class Supervisor:
         ticker.join(5)
         if self.worker == 0:  # a job that wrote no summary.json gets one from its metrics and log (before the exit)
             try:
-                write_derived_summary(self.output)
+                write_derived_summary(self.output, resumed=self.resumption())
             except Exception as exc:  # the exit record matters more than a summary
                 print(f"[runner] warning: no summary derived: {exc}", file=sys.stderr, flush=True)
         return self.finish(events, proc.returncode, self.safety_stop)
@@ -329,7 +400,17 @@ class Supervisor:
         else:
             code = EXIT_SAFETY_STOP if self.safety_stop else code
             state = RunState(self.stop_reason or "failed")
-        record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail))
+        # A stop's exit code with no stop from here: on a pod slice, the stop the job's peers agreed on reached it
+        # first. Recorded as such; the run counts it as stopped only while another worker was (worker_states).
+        workers = int(self.environ.get(contract.NUM_WORKERS) or 1)
+        peer_stop = self.stop_reason is None and code in STOP_EXIT_CODES and workers > 1
+        if peer_stop:
+            state = RunState.CANCELLED
+            error = error or (
+                f"the job ended on a stop (exit code {code}) that its supervisor did not send: a stop its peers "
+                "agreed on (JAX's preemption sync), or a signal sent to the job itself"
+            )
+        record = ExitRecord(self.worker, state, code, now(), self.started, error, list(self.tail), peer_stop)
         self.local.write_bytes(contract.exit_key(self.worker), json.dumps(record.to_json(), indent=1).encode())
         events.emit("worker_exited", state=str(state), exit_code=code)
         self.heartbeat("exited")

@@ -20,6 +20,7 @@ from runner.backends.local.backend import LocalHandle, free_ports, worker_envs
 from runner.cli import app
 from runner.watch.runs import RunRecord
 from runner.worker import processes
+from tests.backends.test_jax_on_slices import PSUM_SCRIPT
 from tests.cli.test_cli import command_job
 from tests.waiting import wait_for
 
@@ -296,9 +297,11 @@ def test_a_user_script_on_two_workers_stops_at_one_step_and_resumes_exactly(
     """keras_callbacks() on several workers: Ctrl-C reaches both, they agree on one step, worker 0 saves it (the
     other saves to its scratch directory: saving is collective), and `runner resume` runs both on from there; worker
     0 alone wrote the metrics, one line per epoch, and together the attempts trained every step once."""
+    from tests.stops import FAST_PROGRESS
     from tests.test_examples import interrupt_mid_epoch
 
     monkeypatch.setenv("RUNNER_DATA_DIR", str(mnist_npz.parent))
+    monkeypatch.setenv("RUNNER_TIMINGS", FAST_PROGRESS)  # where interrupt_mid_epoch reads the job's step
     (tmp_path / "train.py").write_text(WORKERS_SCRIPT[framework])
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -322,3 +325,100 @@ def test_a_user_script_on_two_workers_stops_at_one_step_and_resumes_exactly(
     for worker in (0, 1):
         assert f"[runner] resumed from {saved.group(1)}" in _log(run_dir, worker)
         assert json.loads((run_dir / contract.exit_key(worker)).read_text())["state"] == "succeeded"
+
+
+# Plain JAX with JAX's own preemption sync: SIGTERM reaches JAX's preemption notifier in one process, the
+# processes agree on a step (reached_preemption_sync_point), save collectively (process 0 writes the step to
+# RUNNER_CHECKPOINT_DIR) and exit 143. The first attempt runs until it is stopped; a resumed one runs to TOTAL.
+SYNC_SCRIPT = """\
+import json, os, sys, time
+from pathlib import Path
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+
+TOTAL = 200
+jax.distributed.initialize()
+me = jax.process_index()
+ckpt = Path(os.environ["RUNNER_CHECKPOINT_DIR"]) / "step.json"
+resumed = ckpt.exists()
+step = json.loads(ckpt.read_text())["step"] if resumed else 0
+print(f"process {me}: starting at step {step}", flush=True)
+while step < TOTAL or not resumed:
+    multihost_utils.process_allgather(jnp.array(step))  # a collective every step
+    step += 1
+    if multihost_utils.reached_preemption_sync_point(step):
+        multihost_utils.sync_global_devices("save")
+        if me == 0:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            ckpt.write_text(json.dumps({"step": step}))
+        print(f"process {me}: stopped at step {step}, saved", flush=True)
+        sys.exit(143)
+    if not resumed:
+        time.sleep(0.02)
+print(f"process {me}: done at step {step}", flush=True)
+"""
+
+
+def script_job(tmp_path: Path, script: str) -> Path:
+    (tmp_path / "job.py").write_text(script)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: plainjax\nimage: trainer:test\ncommand: [python, {tmp_path / 'job.py'}]\nstorage: {tmp_path}\n"
+    )
+    return job
+
+
+@pytest.mark.slow
+def test_a_bare_jax_distributed_initialize_connects_the_workers(tmp_path: Path, runner_home: Path) -> None:
+    """No arguments, no KERAS_DISTRIBUTION_* read by the job: JAX finds the runner's cluster, fresh for the run."""
+    result = submit(script_job(tmp_path, PSUM_SCRIPT), "--workers", "2", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = Path(records(runner_home)[-1].run_dir)
+    for worker in (0, 1):
+        assert f"process {worker} of 2: psum 3.0" in _log(run_dir, worker)
+
+
+def _events(run_dir: Path, source: str) -> list[str]:
+    path = run_dir / contract.events_key(source)
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["runner down", "a signal to worker 0"])
+def test_a_stop_is_one_event_for_every_worker_and_the_run_resumes_where_they_agreed(
+    tmp_path: Path, runner_home: Path, stop: str
+) -> None:
+    """`runner down` reaches both workers at once (a preemption reaches every host at once); a signal to worker 0
+    alone reaches worker 1 through JAX's preemption sync, whose job exits 143 before its own supervisor hears of a
+    stop. Either way the workers stop at one step, the run is cancelled with no worker failed, and `runner resume`
+    goes on from the step they saved."""
+    proc = start(script_job(tmp_path, SYNC_SCRIPT), "--workers", "2")
+    wait_for(lambda: all(started(runner_home, w, "starting at step 0") for w in (0, 1)), "both workers to start")
+    record = records(runner_home)[-1]
+    if stop == "runner down":
+        down = subprocess.run([*RUNNER, "down", record.run_id], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+    else:
+        os.kill(record.handle["pid"], signal.SIGTERM)  # worker 0's supervisor
+    out = finish(proc)
+    text = out.stdout + out.stderr
+    assert "failed" not in text.lower(), text[-3000:]
+    final = records(runner_home)[-1]
+    assert final.state == "cancelled", text[-3000:]
+    run_dir = Path(final.run_dir)
+    saved = [re.search(r"stopped at step (\d+), saved", _log(run_dir, w)) for w in (0, 1)]
+    assert all(saved) and saved[0].group(1) == saved[1].group(1), [_log(run_dir, w)[-2000:] for w in (0, 1)]  # type: ignore[union-attr]
+    exits = [json.loads((run_dir / contract.exit_key(w)).read_text()) for w in (0, 1)]
+    assert [e["state"] for e in exits] == ["cancelled", "cancelled"]
+    if stop == "runner down":  # both supervisors were told, at the same moment
+        assert not any(e["peer_stop"] for e in exits)
+        assert all("stopping" in _events(run_dir, f"worker-{w}") for w in (0, 1))
+    else:  # worker 1's supervisor never was: its job's 143 is the stop its peer agreed on
+        assert (exits[1]["peer_stop"], exits[1]["exit_code"]) == (True, 143)
+        assert "stopping" not in _events(run_dir, "worker-1")
+    step = saved[0].group(1)  # type: ignore[union-attr]
+    resumed = subprocess.run([*RUNNER, "resume", final.run_id], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for worker in (0, 1):
+        log = _log(run_dir, worker)
+        assert f"process {worker}: starting at step {step}" in log and f"process {worker}: done at step" in log

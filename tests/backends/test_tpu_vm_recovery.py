@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -179,8 +181,9 @@ def test_gc_tries_every_orphan_and_reports_each(cloud) -> None:  # type: ignore[
 def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_lost(
     cloud, tmp_path: Path, bucket_url: str
 ) -> None:  # type: ignore[no-untyped-def]
-    """REPAIRING, HIDDEN, UNKNOWN: shown while the run is followed, and the job goes on. STOPPED (someone stopped the
-    node): the run is lost, saying why, and the node is deleted."""
+    """REPAIRING, HIDDEN, UNKNOWN: shown while the run is followed, and the job goes on. STOPPING then STOPPED
+    (someone stopped the node): the run is lost, saying why in the API's word of the moment, and the node is
+    deleted."""
     import threading
 
     body = 'command: [python, -c, "import time\\nfor i in range(120): print(i, flush=True); time.sleep(0.5)"]\n'
@@ -191,17 +194,17 @@ def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_l
         run_dir = open_storage(cloud.node(node).metadata["tpu-runner-run-dir"])
         wait_for(lambda: run_dir.read_bytes("heartbeat"), what="the job's heartbeat", timeout=60)
         for state in ("REPAIRING", "HIDDEN", "UNKNOWN"):
-            # Each state lasts 4 s, and the next waits for the runner to have read the node during it (it does
-            # every second, but a loaded machine can stall its follower past a shorter window), then for READY.
+            # Each state lasts until the runner has read the node in it (a read that arrived after the state was
+            # set), however long a loaded machine stalls its follower; then the node is READY again.
+            name = cloud.maintain(node, state, seconds=None)
             since = time.time()
-            name = cloud.maintain(node, state, seconds=4.0)
             wait_for(
                 lambda name=name, since=since: any(
                     r.method == "GET" and r.path.endswith(name) and r.time > since for r in cloud.requests
                 ),
                 what=f"the runner's read of the node while {state}",
             )
-            wait_for(lambda: cloud.node(node).state == "READY", what="READY again")
+            cloud.end_maintenance(node)
         cloud.stop_node(node)
 
     thread = threading.Thread(target=meddle, daemon=True)
@@ -214,12 +217,76 @@ def test_states_the_api_gives_a_node_are_shown_and_a_stopped_node_ends_the_run_l
         "REPAIRING (Cloud TPU is repairing it; the job may be restarted on it)",
         "HIDDEN (hidden by Cloud TPU; the job does not run while it is)",
         "UNKNOWN (the API does not say what it is doing)",
-        "was STOPPED before its job ended",
     ):
         assert shown in result.output, shown
+    # The runner reads the node STOPPING (for the emulator's delete_delay_s) or STOPPED: either is the true reason.
+    stopped = r"was STOPP(ING|ED) before its job ended \(someone stopped it: `gcloud compute tpus tpu-vm stop`"
+    assert re.search(stopped, result.output), result.output
     run_id = run_id_of(result.output)
     status = json.loads(CliRunner().invoke(app, ["status", run_id, "--json"], catch_exceptions=False).output)
     assert status["state"] == "lost"
     record = json.loads((Path(os.environ["RUNNER_HOME"]) / "runs" / f"{run_id}.json").read_text())
-    assert "STOPPED" in record["reason"] and "a stopped machine runs no job" in record["reason"]
+    assert re.search(stopped, record["reason"]) and "a stopped machine runs no job" in record["reason"]
     assert not cloud.nodes()
+
+
+# A command that saves its own progress when SIGTERM comes and then exits 0, as many a hand-written loop does; a
+# resumed attempt runs on to tick 20. It prints the stop grace it was given.
+TICKS = """\
+import json, os, signal, sys, time
+from pathlib import Path
+ckpt = Path(os.environ["RUNNER_CHECKPOINT_DIR"]) / "tick.json"
+resumed = ckpt.exists()
+tick = json.loads(ckpt.read_text())["tick"] if resumed else 0
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print(f"starting at tick {tick}, grace {os.environ['RUNNER_GRACE_S']}", flush=True)
+while (tick < 20 or not resumed) and not stop:
+    tick += 1
+    print(f"tick {tick}", flush=True)
+    time.sleep(0.2)
+if stop:
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.write_text(json.dumps({"tick": tick}))
+    print(f"SIGTERM: saved tick {tick}", flush=True)
+    sys.exit(0)
+print(f"done at tick {tick}", flush=True)
+"""
+
+
+def test_a_maintenance_notice_stops_the_job_at_once_and_the_run_goes_on_on_a_new_machine(
+    cloud, tmp_path: Path, bucket_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The metadata server's notice that the VM will be terminated for maintenance, while the API still calls the
+    node READY: the bootstrap stops the job at once (it saves and exits 0), and the runner does not take that exit
+    for the job's end: it recreates the machine, and the job goes on from what it saved."""
+    script = tmp_path / "ticks.py"
+    script.write_text(TICKS)
+    spec = job(tmp_path, bucket_url, f"command: [python, {script}]\n")
+    noticed: list[str] = []
+
+    def notice_when_ticking() -> None:
+        def ticking() -> bool:
+            for node in cloud.nodes():
+                run_dir = node.metadata.get("tpu-runner-run-dir")
+                log = run_dir and open_storage(run_dir).read_bytes("logs/worker-0.log")
+                if node.state == "READY" and log and b"tick 3\n" in log:
+                    noticed.append(cloud.maintenance_notice(node.node_id))
+                    return True
+            return False
+
+        wait_for(ticking, "the job ticking on its first machine", timeout=180, poll_s=0.2)
+
+    thread = threading.Thread(target=notice_when_ticking, daemon=True)
+    thread.start()
+    result = submit(str(spec))
+    thread.join(5)
+    assert noticed, "no maintenance notice was given"
+    assert result.exit_code == 0, result.output
+    assert "a maintenance notice came (the job was stopped at once): recreating the machine" in result.output
+    saved = re.search(r"SIGTERM: saved tick (\d+)", result.output)
+    assert saved, result.output
+    assert f"starting at tick {saved.group(1)}, grace 87" in result.output  # an on-demand VM's 90 s, less 3
+    assert "done at tick 20" in result.output
+    seen = [e["event"] for e in events(f"{bucket_url}/runs/{run_id_of(result.output)}")]
+    assert "maintenance_notice" in seen and "preempted" in seen

@@ -1,7 +1,7 @@
 """The emulator's VMs running the real container: the rendered startup script's `docker pull` and `docker run` reach
 the engine (tpu_emulator.vm_engine), the image comes from a real registry on loopback (tpu_emulator.registry), and
-the job's code sits at /workspace of the image `runner build --context` made. Where no engine can run this skips
-(fails with CI=true): tests/containers.py."""
+the job's code sits at /workspace of the image `runner build --context` made (its requirements in the layer under
+it). Where no engine can run this skips (fails with CI=true): tests/containers.py."""
 
 from __future__ import annotations
 
@@ -61,12 +61,14 @@ def test_a_vm_pulls_the_image_and_runs_the_code_in_it(
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text(
-        "import json, os, pathlib, runner\n"
+        "import json, os, pathlib, runner, tabulate\n"
         "out = pathlib.Path(os.environ['RUNNER_OUTPUT_DIR'])\n"
         "(out / 'seen.json').write_text(json.dumps({'cwd': os.getcwd(), 'files': sorted(os.listdir('.')),\n"
-        "    'runner': runner.__file__, 'uid': os.getuid(), 'worker': os.environ['RUNNER_WORKER_ID']}))\n"
+        "    'runner': runner.__file__, 'uid': os.getuid(), 'worker': os.environ['RUNNER_WORKER_ID'],\n"
+        "    'tabulate': tabulate.__version__}))\n"
         "print('hello from the image', flush=True)\n"
     )
+    (project / "requirements.txt").write_text("tabulate==0.9.0\n")  # the job's own: a layer of the image
     image = trainer_image(image_registry, container_engine, context=project)
     assert image.startswith(f"{image_registry.host}/tpu-runner/trainer:") and "-code-" in image
     spec = tmp_path / "job.yaml"
@@ -82,8 +84,9 @@ def test_a_vm_pulls_the_image_and_runs_the_code_in_it(
     store = open_storage(record.run_dir)
     seen = json.loads(store.read_bytes("seen.json") or b"{}")
     # The image's code, runner and user (1000 in the cpu image; the tpu image runs as root), as on a TPU VM.
-    assert seen == {"cwd": "/workspace", "files": ["train.py"], "runner": "/opt/app/runner/__init__.py", "uid": 1000,
-                    "worker": "0"}  # fmt: skip
+    assert seen == {"cwd": "/workspace", "files": ["requirements.txt", "train.py"],
+                    "runner": "/opt/app/runner/__init__.py", "uid": 1000, "worker": "0",
+                    "tabulate": "0.9.0"}  # fmt: skip
     assert "hello from the image" in (store.read_bytes(contract.log_key(0)) or b"").decode()
     assert json.loads(store.read_bytes(contract.exit_key(0)) or b"{}")["state"] == "succeeded"
     # The VM really pulled it: the image-pull phase of the startup breakdown is the pull's own time.

@@ -15,7 +15,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from runner.backends import plan_cloud
 from runner.launch.bootstrap import TEMPLATE, env_file, render
 from runner.spec import JobSpec
 from tests.conftest import REPO
+from tests.waiting import wait_for
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/tpu-runner/trainer:v1"
 ATTACKS = [
@@ -89,16 +89,13 @@ def run_script(script: str, tmp_path: Path, docker: str = FAKE_DOCKER) -> tuple[
     return result, log
 
 
+ACCELERATOR = {"type": "v2-8", "zone": "us-central1-b", "project": "my-project"}
+
+
 def cloud_spec(**fields: object) -> JobSpec:
     return JobSpec.model_validate(
-        {
-            "name": "boot",
-            "image": IMAGE,
-            "training": {},
-            "storage": "gs://my-bucket/p",
-            "accelerator": {"type": "v2-8", "zone": "us-central1-b", "project": "my-project"},
-            **fields,
-        }
+        {"name": "boot", "image": IMAGE, "training": {}, "storage": "gs://my-bucket/p", "accelerator": ACCELERATOR}
+        | fields
     )
 
 
@@ -146,9 +143,10 @@ def test_no_spec_value_runs_as_shell(tmp_path: Path) -> None:
         assert f"{key}={value}" in job_env
     assert f"RUNNER_COMMAND={json.dumps(s.command)}" in job_env
     assert "RUNNER_WORKER_ID=0" in job_env
+    assert "RUNNER_GRACE_S=87" in job_env  # an on-demand VM's 90 s, less the bootstrap's reserve
     docker = (log / "docker.log").read_text()
     assert f"pull {IMAGE}" in docker
-    assert "run --rm --name tpu-runner-job --privileged --net=host --env-file" in docker
+    assert "run --rm --name tpu-runner-job --privileged --net=host --stop-timeout 87 --env-file" in docker
     # The run directory's odd prefix is percent-encoded into the upload URL, never expanded.
     curl = (log / "curl.log").read_text()
     assert "name=p%2F%27%3B%20touch%20" in curl
@@ -197,29 +195,33 @@ def test_self_delete_follows_the_teardown_policy(tmp_path: Path, policy: str, co
     assert f'"event": "container_exited", "exit_code": {code}' in max(events, key=len)
 
 
+# A container that runs until `docker stop` (its env file kept, as FAKE_DOCKER keeps it).
+BLOCKING_DOCKER = textwrap.dedent("""\
+    #!/bin/bash
+    printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
+    case "$1" in
+      run) for ((i = 1; i <= $#; i++)); do
+             if [ "${!i}" = --env-file ]; then j=$((i + 1)); cp "${!j}" "$FAKE_LOG/job.env"; fi
+           done
+           echo $$ > "$FAKE_LOG/run.pid"; trap 'exit 143' TERM; touch "$FAKE_LOG/running"
+           while :; do sleep 0.1 & wait $!; done ;;
+      stop) kill -TERM "$(cat "$FAKE_LOG/run.pid")"; exit 0 ;;
+    esac
+    exit 0
+    """)
+
+
 def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_path: Path) -> None:
     """Preemption or maintenance: SIGTERM to the script. The container is stopped, the node is not deleted."""
     script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
-    docker = textwrap.dedent("""\
-        #!/bin/bash
-        printf '%s\\n' "$*" >> "$FAKE_LOG/docker.log"
-        case "$1" in
-          run) echo $$ > "$FAKE_LOG/run.pid"; trap 'exit 143' TERM; touch "$FAKE_LOG/running"
-               while :; do sleep 0.1 & wait $!; done ;;
-          stop) kill -TERM "$(cat "$FAKE_LOG/run.pid")"; exit 0 ;;
-        esac
-        exit 0
-        """)
-    env, log = harness(tmp_path, docker)
+    env, log = harness(tmp_path, BLOCKING_DOCKER)
     proc = subprocess.Popen(
         ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 20
-    while not (log / "running").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for((log / "running").exists, "the container to run")  # the signal only once it does, however slow
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) != 0
-    assert "stop --time 25 tpu-runner-job" in (log / "docker.log").read_text()
+    assert "stop --time 87 tpu-runner-job" in (log / "docker.log").read_text()  # an on-demand VM's grace
     assert "-X DELETE" not in (log / "curl.log").read_text()
     events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
     assert '"shutdown": true' in events
@@ -252,3 +254,116 @@ def test_events_keep_their_time_when_the_shutdown_signal_reaches_every_process_o
     events = [json.loads(line) for line in lines.splitlines()]  # every line JSON: no `"time": ,`
     assert all(isinstance(e["time"], int | float) for e in events), events
     assert events[-1]["event"] == "container_exited"
+
+
+NOTICE_CURL = FAKE_CURL.replace(
+    'case "$url" in\n',
+    """case "$url" in
+  */instance/preempted\\?* | */instance/maintenance-event\\?*)
+    # The metadata server's notices: a file of the test's holds the value (else the normal one); a wait_for_change
+    # request is held a moment, as the real server holds it until the value changes.
+    key="${url##*/instance/}"; key="${key%%\\?*}"
+    case "$key" in preempted) value=FALSE ;; *) value=NONE ;; esac
+    [ -e "$FAKE_LOG/instance-$key" ] && value="$(cat "$FAKE_LOG/instance-$key")" || sleep 0.2
+    for ((i = 1; i <= $#; i++)); do
+      j=$((i + 1))
+      case "${!i}" in
+        -o) printf '%s' "$value" > "${!j}" ;;
+        -D) printf 'HTTP/1.1 200 OK\\r\\nETag: %s\\r\\n\\r\\n' "$value" > "${!j}" ;;
+      esac
+    done
+    printf 200
+    exit 0 ;;
+""",
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "notice"),
+    [
+        ("preempted", "TRUE", "preemption_notice"),
+        ("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE", "maintenance_notice"),
+    ],
+)
+def test_a_notice_on_the_metadata_server_stops_the_job_at_once_with_the_platforms_grace(
+    tmp_path: Path, key: str, value: str, notice: str
+) -> None:
+    """A Spot VM: the notice (instance/preempted TRUE, or a maintenance that will terminate the VM) reaches the job
+    through the script's own watch of the metadata server, with no signal to the script itself: the container is
+    stopped with a Spot VM's 30 s less the bootstrap's reserve, which the supervisor's grace and Docker's own stop
+    timeout agree with, the notice is recorded, and the node is left to the runner."""
+    script = render(
+        plan_cloud(cloud_spec(accelerator={**ACCELERATOR, "spot": True}), None, environ={}), "us-central1-b"
+    )
+    env, log = harness(tmp_path, BLOCKING_DOCKER)
+    (tmp_path / "bin" / "curl").write_text(NOTICE_CURL)
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for(lambda: (log / "running").exists(), what="the container running")
+    (log / f"instance-{key}").write_text(value)
+    assert proc.wait(60) != 0
+    docker = (log / "docker.log").read_text()
+    assert "--stop-timeout 27 " in docker and "stop --time 27 tpu-runner-job" in docker
+    assert "RUNNER_GRACE_S=27" in (log / "job.env").read_text().splitlines()
+    assert "-X DELETE" not in (log / "curl.log").read_text()
+    events = max((p.read_text() for p in log.glob("upload.*") if "bootstrap-0" in p.read_text()), key=len)
+    said = {e["event"]: e for e in map(json.loads, events.splitlines())}
+    assert said[notice]["value"] == value and said[notice]["grace_s"] == 27
+    assert said["container_exited"]["shutdown"] is True
+
+
+def test_normal_values_on_the_metadata_server_stop_nothing(tmp_path: Path) -> None:
+    """FALSE and NONE (what the metadata server says of a VM with no notice) leave the job to end on its own, and the
+    watches end with it."""
+    script = render(plan_cloud(cloud_spec(), None, environ={}), "us-central1-b")
+    docker = BLOCKING_DOCKER.replace("while :; do", 'while [ ! -e "$FAKE_LOG/finish" ]; do')
+    env, log = harness(tmp_path, docker)
+    (tmp_path / "bin" / "curl").write_text(NOTICE_CURL)
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    asked = log / "curl.log"
+    wait_for(
+        lambda: asked.exists() and asked.read_text().count("instance/maintenance-event?wait_for_change=true") >= 2,
+        what="the maintenance-event watch asking twice",
+    )
+    (log / "finish").touch()
+    assert proc.wait(60) == 0
+    assert "stop " not in (log / "docker.log").read_text()
+
+
+def test_the_bootstraps_crc32c_is_the_one_secret_manager_sends(tmp_path: Path) -> None:
+    """A secret's payload is checked on the VM with bash and od alone (what every TPU VM has), against the
+    dataCrc32c Secret Manager sends: the same CRC32C (Castagnoli) as google-crc32c's."""
+    import re
+
+    import google_crc32c
+
+    function = re.search(r"^crc32c\(\) \{.*?^\}\n", TEMPLATE.read_text(), re.S | re.M)
+    assert function is not None
+    for i, data in enumerate([b"", b"a", b"hunter2\n", bytes(range(256)), os.urandom(4096)]):
+        path = tmp_path / f"payload-{i}"
+        path.write_bytes(data)
+        out = subprocess.run(
+            ["bash", "-c", function.group(0) + 'crc32c "$1"', "crc32c", str(path)],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert out == str(google_crc32c.value(data)), data[:16]
+
+
+def test_secrets_render_as_references_only_and_stay_shellcheck_clean(tmp_path: Path) -> None:
+    spec = cloud_spec(
+        secrets={
+            "WANDB_API_KEY": "wandb/versions/latest",
+            "KEY": {"ref": "projects/p-123456/secrets/k/versions/2", "as": "file"},
+        }
+    )
+    rendered = render(plan_cloud(spec, None, environ={}), "us-central1-b")
+    assert (
+        "SECRETS='KEY file projects/p-123456/secrets/k/versions/2\n"
+        "WANDB_API_KEY env projects/my-project/secrets/wandb/versions/latest\n'"
+    ) in rendered
+    path = tmp_path / "rendered.sh"
+    path.write_text(rendered)
+    assert shellcheck(path).returncode == 0

@@ -40,6 +40,7 @@ elif args[:1] == ["run"]:  # the check of a finished image
     print("pip check: no broken requirements" if rc == 0 else "tensorflow-cpu: locked 2.20.0, installed nothing")
 elif args[:1] == ["build"]:
     state["images"] += [args[i + 1] for i, a in enumerate(args) if a == "--tag"]
+    state["dockerfile"] = open(args[args.index("--file") + 1]).read()  # gone once the build is over
     assert os.environ.get("DOCKER_BUILDKIT") == "1"
     if "--secret" in args:  # keep what the build was handed: the file is gone once the build is over
         secret = args[args.index("--secret") + 1].split("src=")[1]

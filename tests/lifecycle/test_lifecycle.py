@@ -17,7 +17,7 @@ import pytest
 from runner.backends.base import MachineState
 from runner.backends.tpu_vm.backend import STATE_NOTES, TpuVmBackend
 from runner.lifecycle.ending import should_delete
-from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog
+from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog, machine_end
 from runner.plan.planner import plan_local
 from runner.spec.loader import load_spec_text
 from runner.watch.events import Event
@@ -163,6 +163,50 @@ def test_the_first_worker_to_fail_ends_the_slice_and_is_named(tmp_path: Path) ->
     single = Watchdog(plan_with(tmp_path, "boot_timeout: 10"), Machine(), None, status_every_s=3600)
     one = [ExitRecord(0, RunState.FAILED, 1, now)]
     assert single.check(Snapshot(one, None, [], None)) == Verdict.FINISHED  # one host: its exit is the end
+
+
+def test_a_worker_stopped_by_its_peers_is_no_failure_while_the_run_is_being_stopped(tmp_path: Path) -> None:
+    """Worker 1's job exits 143 (JAX's preemption sync told it) before its supervisor hears of the stop; worker 0
+    is still saving. Once a worker's supervisor said it is stopping, worker 1 waits for the others, and the run
+    ends when every record is in; without any word of a stop, the same exit waits the run's stop grace (on the
+    runner's clock), then ends the slice as a failure."""
+    now = time.time()
+    peer = ExitRecord(1, RunState.CANCELLED, 143, now, error="a stop its supervisor did not send", peer_stop=True)
+    stopping = pod(tmp_path, workers=2)
+    stopping.on_event(event("worker-0", "stopping"))
+    assert stopping.check(Snapshot([peer], None, [], None)) is None
+    saved = ExitRecord(0, RunState.CANCELLED, 143, now + 2)
+    assert stopping.check(Snapshot([peer, saved], None, [], None)) == Verdict.FINISHED
+    noticed = pod(tmp_path, workers=2)  # a notice the bootstrap passed on is word of a stop too
+    noticed.on_event(event("bootstrap-0", "preemption_notice"))
+    assert noticed.check(Snapshot([peer], None, [], None)) is None and noticed.notice == "preemption_notice"
+    clock = [100.0]
+    unexplained = pod(tmp_path, workers=2, stop_grace_s=30)
+    unexplained.clock = lambda: clock[0]
+    assert unexplained.check(Snapshot([peer], None, [], None)) is None
+    clock[0] += 31
+    assert unexplained.check(Snapshot([peer], None, [], None)) == Verdict.WORKER_FAILED
+    assert unexplained.reason is not None and unexplained.reason.startswith("worker 1 failed first (exit code 143)")
+    crashed = pod(tmp_path, workers=2)  # a failure is one at once, stop or not
+    crashed.on_event(event("worker-0", "stopping"))
+    failure = ExitRecord(1, RunState.FAILED, 1, now)
+    assert crashed.check(Snapshot([failure], None, [], None)) == Verdict.WORKER_FAILED
+
+
+def test_a_notice_takes_the_machine_back_unless_every_worker_had_succeeded(tmp_path: Path) -> None:
+    """The bootstrap stopped the job at a preemption or maintenance notice, while the API may still call the machine
+    READY: the job saved and stopped for the machine's end, so the machine is recreated and the job goes on."""
+    now = time.time()
+    stopped = Snapshot([ExitRecord(0, RunState.CANCELLED, 0, now)], None, [], None)
+    machine = Machine(MachineState.RUNNING, "READY")
+    assert not machine_end(machine, None, Verdict.FINISHED, stopped, 1).taken_back  # type: ignore[arg-type]
+    noticed = machine_end(machine, None, Verdict.FINISHED, stopped, 1, "maintenance_notice")  # type: ignore[arg-type]
+    assert noticed.taken_back and noticed.notice == "maintenance_notice"
+    done = Snapshot([ExitRecord(0, RunState.SUCCEEDED, 0, now)], None, [], None)
+    assert not machine_end(machine, None, Verdict.FINISHED, done, 1, "preemption_notice").taken_back  # type: ignore[arg-type]
+    preempted = Machine(MachineState.PREEMPTED, "PREEMPTED")  # the API's word, when it has one, says what happened
+    said = machine_end(preempted, None, Verdict.FINISHED, stopped, 1, "preemption_notice")  # type: ignore[arg-type]
+    assert said.taken_back and said.notice is None
 
 
 def test_a_worker_that_never_reports_is_lost_after_boot_timeout(tmp_path: Path) -> None:

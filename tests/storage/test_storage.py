@@ -196,3 +196,102 @@ def test_a_deleted_bucket_is_a_definite_answer(gcs: str) -> None:
     for action in (lambda: store.list("exit/"), lambda: store.write_bytes("x", b"1")):
         with pytest.raises(BucketMissing, match=f"bucket '{name}' does not exist"):
             action()
+
+
+def test_a_local_listing_reads_only_the_prefix_s_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs/` is read without walking checkpoints/ (which a job may be rewriting, and may hold many files); a
+    prefix that ends mid-name lists the names it starts, files and directories alike."""
+    storage = open_storage(str(tmp_path / "store"))
+    for key in ["logs/worker-0.log", "checkpoints/640/state", "heartbeat", "heartbeats/worker-0.json", "metrics.jsonl"]:
+        storage.write_bytes(key, b"x")
+    read: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: str | os.PathLike[str]) -> object:
+        read.append(Path(path).relative_to(tmp_path / "store").as_posix())
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert [o.key for o in storage.list("logs/")] == ["logs/worker-0.log"]
+    assert read == ["logs"]
+    assert [o.key for o in storage.list("heartbeat")] == ["heartbeat", "heartbeats/worker-0.json"]
+    assert [o.key for o in storage.list("checkpoints/6")] == ["checkpoints/640/state"]
+    assert storage.list("logs/worker-0.log/") == [] and storage.list("nothing/here/") == []
+    assert "checkpoints" not in read[:3] and "checkpoints/640" in read
+
+
+class Churn:
+    """A job's own writer in a thread: make N.tmp/a/b/c, rename it to N, delete N-2 (Orbax's local save, a
+    ModelCheckpoint's rotation, a user's rename), counting its rounds."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.rounds, self.stop = directory, 0, False
+
+    def run(self) -> None:
+        import shutil
+
+        while not self.stop:
+            n = self.rounds
+            tmp = self.directory / f"{n}.tmp"
+            (tmp / "a" / "b" / "c").mkdir(parents=True)
+            (tmp / "a" / "b" / "c" / "state").write_bytes(b"x")
+            os.rename(tmp, self.directory / str(n))
+            shutil.rmtree(self.directory / str(n - 2), ignore_errors=True)
+            self.rounds += 1
+
+
+def test_a_local_listing_takes_a_directory_being_renamed_and_deleted_as_it_is(tmp_path: Path) -> None:
+    """While a writer renames and deletes whole directory trees, every listing succeeds, and lists only what was
+    there at some moment of it: files of whole rounds, never a hidden or vanished one."""
+    import threading
+
+    from tests.waiting import wait_for
+
+    storage = open_storage(str(tmp_path / "store"))
+    storage.write_bytes("logs/worker-0.log", b"x")
+    churn = Churn(tmp_path / "store" / "checkpoints")
+    churn.directory.mkdir(parents=True)
+    writer = threading.Thread(target=churn.run, daemon=True)
+    writer.start()
+    try:
+        listings = 0
+        seen_rounds: set[int] = set()
+
+        def listed_while_it_churns() -> bool:
+            nonlocal listings
+            start = churn.rounds
+            for prefix in ("", "checkpoints/", "checkpoints/1"):
+                for info in storage.list(prefix):
+                    parts = info.key.split("/")
+                    assert info.key == "logs/worker-0.log" or (
+                        parts[0] == "checkpoints" and parts[2:] == ["a", "b", "c", "state"]
+                    ), info.key
+                    if parts[0] == "checkpoints":
+                        seen_rounds.add(int(parts[1].removesuffix(".tmp")))
+            listings += churn.rounds > start  # a listing the writer overlapped
+            return listings >= 200
+
+        wait_for(listed_while_it_churns, "200 listings overlapped by the writer's renames", poll_s=0)
+    finally:
+        churn.stop = True
+        writer.join()
+    assert len(seen_rounds) > 10
+
+
+def test_an_object_listed_and_gone_before_its_read_reads_as_missing(storage: Storage, tmp_path: Path) -> None:
+    storage.write_bytes("checkpoints/5/state", b"x")
+    (listed,) = storage.list("checkpoints/")
+    storage.delete(listed.key)  # the job's rotation, between the listing and the read
+    assert storage.read_bytes(listed.key) is None
+    assert storage.read_bytes(listed.key, start=1) is None
+    assert not storage.download_file(listed.key, tmp_path / "back" / "state")
+    assert not (tmp_path / "back" / "state").exists()
+
+
+def test_a_file_gone_before_its_upload_is_file_not_found(storage: Storage, tmp_path: Path) -> None:
+    """What the mirror listed and the job removed since: FileNotFoundError (the mirror skips it), not a storage
+    error that would stop the rest of its pass."""
+    gone = tmp_path / "gone.bin"
+    with pytest.raises(FileNotFoundError):
+        storage.upload_file(gone, "checkpoints/gone.bin")
+    assert storage.list("checkpoints/") == []

@@ -90,12 +90,19 @@ def test_manifest_entries_say_which_engine_and_order_wrote_them() -> None:
 
 
 def test_a_mid_epoch_checkpoint_of_the_other_engine_restarts_that_epoch(capsys: pytest.CaptureFixture[str]) -> None:
-    from runner.train.trainer import position
+    from runner.train.resume import start_from
 
     tf_order = DataOrder(0, 512, 64, 8)
     saved = Checkpoint("ckpt-000001-s000003.keras", 1, 3, global_step=11, keras="keras3", data=tf_order)
     candidate = Candidate(saved, Path("/x"), listed=True)
     jax_order = DataOrder(0, 512, 64, 8, shuffle=NUMPY_SHUFFLE)
-    assert position(candidate, None, 8, tf_order) == (1, 3, 11)
-    assert position(candidate, None, 8, jax_order) == (1, 0, 11)
+
+    def start(order: DataOrder) -> tuple[int, int, int]:
+        begun = start_from(
+            candidate, steps=8, order=order, optimizer_step=lambda: 0, found_any=True, skipped=0, say=print, prefix=""
+        )
+        return (*begun.position, begun.global_step)
+
+    assert start(tf_order) == (1, 3, 11)
+    assert start(jax_order) == (1, 0, 11)
     assert "epoch 2 starts over from step 0" in capsys.readouterr().out

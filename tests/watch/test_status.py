@@ -3,6 +3,7 @@ how a run directory is read whatever its files hold."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner import contract
-from runner.collect.progress import metrics_text
+from runner.collect.figures import metrics_text
 from runner.collect.summary import summary_rows
 from runner.storage import open_storage
 from runner.watch.events import read_events
@@ -70,6 +71,25 @@ def test_exit_records_decide() -> None:
 def test_worst_worker_names_the_run() -> None:
     assert state(snap("succeeded", "failed"), workers=2) == RunState.FAILED
     assert state(snap("succeeded", "cancelled", "timed_out"), workers=3) == RunState.CANCELLED
+
+
+def test_a_worker_stopped_by_its_peers_is_stopped_with_the_others_and_failed_alone() -> None:
+    """JAX's preemption sync: worker 1 learns of the stop from its peer and exits 143 before its own supervisor is
+    told (a peer_stop record). While another worker was stopped, it counts as stopped with it; with no other stop
+    it is a failure (a job that stopped alone), and a real failure stays one."""
+    now = time.time()
+    cancelled = ExitRecord(0, RunState.CANCELLED, 143, now)
+    peer = ExitRecord(1, RunState.CANCELLED, 143, now, peer_stop=True)
+    assert state(Snapshot([cancelled, peer], None, [], None), workers=2) == RunState.CANCELLED
+    hung = ExitRecord(0, RunState.HUNG, 124, now)
+    assert state(Snapshot([hung, peer], None, [], None), workers=2) == RunState.HUNG
+    alone = ExitRecord(0, RunState.SUCCEEDED, 0, now)
+    assert state(Snapshot([alone, peer], None, [], None), workers=2) == RunState.FAILED
+    assert state(Snapshot([peer, dataclasses.replace(peer, worker=0)], None, [], None), workers=2) == RunState.FAILED
+    crashed = ExitRecord(1, RunState.FAILED, 1, now)
+    assert state(Snapshot([cancelled, crashed], None, [], None), workers=2) == RunState.FAILED
+    raw = json.loads(json.dumps(peer.to_json()))
+    assert ExitRecord.from_json(raw) == peer and not ExitRecord.from_json({**raw, "peer_stop": "yes"}).peer_stop
 
 
 def test_one_failed_worker_ends_a_multi_worker_run_early() -> None:

@@ -11,6 +11,7 @@ import pytest
 from google.cloud import storage as gcs_client
 
 from runner import contract
+from runner.checkpoints import Listing, survey
 from runner.storage import Storage, open_storage
 from runner.train.checkpoints import CheckpointStore, ResumeChooser, parse_manifest
 from runner.worker.mirror import Mirror, checkpoint_keep
@@ -158,9 +159,14 @@ JOB_OWN = [
 ]
 
 
-def test_the_newest_set_of_a_job_s_own_checkpoints_not_its_history() -> None:
-    from runner.worker.mirror import newest_sets
+def newest_sets(keys: list[str], keep: int) -> list[str]:
+    """What a restart brings back of a job's own checkpoint files (runner.checkpoints: each format's restore)."""
+    prefix = f"{contract.CHECKPOINTS}/"
+    listing = Listing.of_keys(k.removeprefix(prefix) for k in keys)
+    return sorted(prefix + k for k in survey(listing).restore(keep))
 
+
+def test_the_newest_set_of_a_job_s_own_checkpoints_not_its_history() -> None:
     assert newest_sets(JOB_OWN, keep=2) == sorted(
         [
             "checkpoints/backup/latest.weights.h5",
@@ -187,8 +193,53 @@ def test_a_new_machine_gets_back_a_job_s_own_checkpoints_beside_the_runner_s(run
     pulled = Mirror(local, store, keep=2).pull_resume_state(worker=0)
     on_disk = sorted(p.relative_to(local).as_posix() for p in (local / contract.CHECKPOINTS).rglob("*") if p.is_file())
     ours = ["checkpoints/ckpt-000002.keras", "checkpoints/ckpt-000003.keras", contract.LATEST_CHECKPOINT]
-    from runner.worker.mirror import newest_sets
-
     assert on_disk == sorted(ours + newest_sets(JOB_OWN, keep=2))
     assert set(on_disk) <= set(pulled)
     assert (local / "checkpoints/tf/ckpt-6.index").read_bytes() == b"checkpoints/tf/ckpt-6.index"
+
+
+def test_orbax_steps_reach_the_bucket_committed_and_come_back_whole(run_dir: str, tmp_path: Path) -> None:
+    """A job's own Orbax CheckpointManager: a step still being written never travels, a step's commit file goes
+    after its data, a step the manager rotates away (even half deleted) leaves the bucket whole, and a new machine
+    gets back what Orbax itself restores."""
+    import shutil
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from tests.checkpoints.test_formats import orbax_latest, orbax_saves
+
+    store = open_storage(run_dir)
+    local = tmp_path / "vm1"
+    steps = local / contract.CHECKPOINTS
+    orbax_saves(steps, [10, 20])
+    shutil.copytree(steps / "20", steps / "30.orbax-checkpoint-tmp-5")  # a save in progress
+    mirror = Mirror(local, store, keep=2)
+    order = [key for _, key, _, _ in mirror._changed()]
+    assert not any("orbax-checkpoint-tmp" in key for key in order)
+    assert order[-2:] == ["checkpoints/10/commit_success.txt", "checkpoints/20/commit_success.txt"]
+    mirror.push()
+
+    def in_bucket() -> list[int | None]:
+        return [s.step for s in survey(Listing.of_storage(store, f"{contract.CHECKPOINTS}/")).committed()]
+
+    assert in_bucket() == [20, 10] and not any("tmp" in key for key in bucket_checkpoints(store))
+    shutil.rmtree(steps / "30.orbax-checkpoint-tmp-5")
+    saved = orbax_saves(steps, [30])  # the manager keeps 2: step 10 goes
+    mirror.push()
+    assert in_bucket() == [30, 20]
+    assert not any(key.startswith("checkpoints/10/") for key in bucket_checkpoints(store))
+    # The manager deleting step 20 file by file, caught half-way by the mirror's scan: gone from the bucket whole.
+    (steps / "20" / "commit_success.txt").unlink()
+    (steps / "20" / "_CHECKPOINT_METADATA").unlink()
+    mirror.push()
+    assert in_bucket() == [30]
+    assert not any(key.startswith("checkpoints/20/") for key in bucket_checkpoints(store))
+
+    fresh = tmp_path / "vm2"
+    pulled = Mirror(fresh, store, keep=2).pull_resume_state(worker=0)
+    assert pulled[-1] == "checkpoints/30/commit_success.txt"
+    assert orbax_latest(fresh / contract.CHECKPOINTS) == (30, [30])
+    with ocp.CheckpointManager(fresh / contract.CHECKPOINTS) as manager:
+        restored = manager.restore(30, args=ocp.args.StandardRestore(saved[30]))
+    assert all(np.array_equal(restored[k], saved[30][k]) for k in saved[30])

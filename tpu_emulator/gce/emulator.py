@@ -29,7 +29,7 @@ from tpu_emulator.gce import metadata
 from tpu_emulator.gce.api import ComputeApi
 from tpu_emulator.gce.resources import Instance
 from tpu_emulator.gce.state import ComputeCloud
-from tpu_emulator.metadata import answer
+from tpu_emulator.metadata import Answer, answer, etag, wait_for_change
 from tpu_emulator.scheduler import Scheduler
 from tpu_emulator.server import Request, Response
 from tpu_emulator.vm import VmInfo, VmLauncher
@@ -222,15 +222,17 @@ class ComputeEngine:
         if match is None:
             return None
         project, zone, name, rest = match.groups()
-        with self.cloud.lock:
-            self.cloud.settle()
-            found = self.cloud.instances.get(f"projects/{project}/zones/{zone}/instances/{name}")
-            data = metadata.tree(found) if found is not None else None
-            token = metadata.token(found) if found is not None else {}
-            status, kind, body = answer(
-                data, token, rest or "", dict(request.query), request.headers.get("metadata-flavor")
-            )
-        return Response(status, body, kind, {"Metadata-Flavor": "Google"})
+
+        def read() -> Answer:
+            with self.cloud.lock:
+                self.cloud.settle()
+                found = self.cloud.instances.get(f"projects/{project}/zones/{zone}/instances/{name}")
+                data = metadata.tree(found) if found is not None else None
+                token = metadata.token(found) if found is not None else {}
+                return answer(data, token, rest or "", dict(request.query), request.headers.get("metadata-flavor"))
+
+        status, kind, body = wait_for_change(read, request.query)  # the lock is not held while waiting
+        return Response(status, body, kind, {"Metadata-Flavor": "Google", "ETag": etag(body)})
 
     def admin(self, request: Request, path: str) -> Response:
         """/_emulator/compute/<path>."""

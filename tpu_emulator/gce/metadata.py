@@ -4,7 +4,8 @@ It answers as Compute Engine's does (tpu_emulator.metadata.answer: Metadata-Flav
 ?recursive=true): project/project-id and numeric-project-id; instance/name, hostname, id, zone, machine-type,
 network-interfaces/0/ip, scheduling/ (preemptible, automatic-restart, on-host-maintenance, provisioning-model),
 preempted (TRUE once Compute Engine has begun preempting the instance, the key a Spot VM polls:
-cloud.google.com/compute/docs/instances/create-use-spot#detect-preemption), attributes/ (every metadata item, such
+cloud.google.com/compute/docs/instances/create-use-spot#detect-preemption), maintenance-event (NONE: the emulator
+schedules no maintenance), attributes/ (every metadata item, such
 as startup-script, and created-by = the managed instance group for its members), and the service accounts with a
 token.
 
@@ -74,6 +75,7 @@ def tree(instance: Instance) -> dict[str, Any]:
             "zone": f"projects/{number}/zones/{instance.zone}",
             "machine-type": f"projects/{number}/machineTypes/{instance.machine.name}",
             "network-interfaces": {"0": {"ip": instance.internal_ip, "network": f"projects/{number}/networks/default"}},
+            "maintenance-event": "NONE",
             "preempted": "TRUE" if instance.preempted else "FALSE",
             "scheduling": {
                 "automatic-restart": str(scheduling.get("automaticRestart", model == "STANDARD")).upper(),
