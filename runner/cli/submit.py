@@ -104,6 +104,14 @@ def resume(
         bool, typer.Option("--process", help="With a local run: the entrypoint as a process even if Docker is there.")
     ] = False,
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start training over: the run's checkpoints and metrics are moved aside (set-aside/ in its run "
+            "directory), never deleted. Needed when --set changes the model or the data.",
+        ),
+    ] = False,
 ) -> None:
     """Continue a cancelled, failed, timed-out or hung run in its own run directory, from its newest checkpoint:
     the same run id, a new attempt in its history, the spec it recorded (with --set overrides, recorded too), on
@@ -118,7 +126,7 @@ def resume(
     # once exactly one goes on, and a run another runner has just resumed is not resumed twice.
     lease = Lease.take(storage, record.run_id, command="resume", timings=timings, say=say)
     try:
-        previous, attempt, plan = _continued(run, local, set_values, timings)
+        previous, attempt, plan = _continued(run, local, set_values, timings, fresh)
     except BaseException:
         lease.release()
         raise
@@ -138,17 +146,18 @@ def resume(
         lease.release()  # the run's end released it already; anything that stopped it before: here
 
 
-def _continued(run: str, local: bool, set_values: list[str], timings: Any) -> tuple[RunRecord, int, Plan]:
+def _continued(run: str, local: bool, set_values: list[str], timings: Any, fresh: bool) -> tuple[RunRecord, int, Plan]:
     """Under the run's lease: the run as it is now (resumable, with no machine of an earlier attempt still there),
-    its attempt number, and the plan of its next attempt."""
+    its attempt number, and the plan of its next attempt; with `fresh`, its checkpoints and metrics set aside."""
     from runner.backends import backend_named, is_cloud
-    from runner.lifecycle.resume import no_machines_left, recorded_spec, resumable_now
+    from runner.lifecycle.resume import check_meaning, no_machines_left, recorded_spec, resumable_now, set_aside
     from runner.plan.planner import Continued
 
     record, state, storage = resumable_now(run, lambda _: None)  # its warnings were said the first time
     if record.machines:
         no_machines_left(record, backend_named(record.backend, say, timings))
     spec = recorded_spec(storage, record.run_dir, set_values)
+    check_meaning(record, storage, spec, set_values, fresh)
     continued = Continued(record.run_id, record.run_dir)
     if local or not is_cloud(record.backend):
         from runner.plan.planner import plan_local
@@ -162,7 +171,11 @@ def _continued(run: str, local: bool, set_values: list[str], timings: Any) -> tu
         problems = Problems()
         plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems, timings=timings)
         problems.raise_all()
-    return record.updated(state=state), len(record.attempts) + 2, plan
+    attempt = len(record.attempts) + 2
+    if fresh:
+        where, moved = set_aside(storage, attempt)
+        say(f"--fresh: training starts over; {moved} checkpoint and metrics objects kept in {record.run_dir}/{where}/")
+    return record.updated(state=state), attempt, plan
 
 
 def backend_for(plan: Plan, process: bool, timings: Any) -> Backend[Any]:
