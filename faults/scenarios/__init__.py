@@ -9,6 +9,7 @@ from faults.scenarios import (
     clocks,
     compute_engine,
     deadlines,
+    ownership,
     preemption,
     runner_death,
     storage,
@@ -25,6 +26,7 @@ CASES: tuple[Scenario, ...] = (
     *teardown.CASES,
     *clocks.CASES,
     *compute_engine.CASES,
+    *ownership.CASES,
 )
 
 
