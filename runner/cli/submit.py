@@ -194,6 +194,9 @@ def launch(
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
+    from runner.plan.planner import hang_limit
+
+    rows += [hang.row()] if (hang := hang_limit(plan)) is not None else []
     warnings = plan.cloud.warnings if plan.cloud is not None else ()
     rows += [("warning", text) for text in warnings]
     if dry_run:

@@ -7,7 +7,7 @@
                    silent        up, but no word from its startup script within teardown.boot_timeout:
                                  recreate once, then fail with the reason
                    deadline      max_runtime passed: timed_out, whatever the machine does
-                   hung          no progress for teardown.hang_timeout: hung
+                   hung          no progress for teardown.hang_timeout (a pod slice: a default): hung
                    down          `runner down` from another shell: cancelled
                    worker        on a pod slice, one worker's job ended badly, never reported, or its
                                  heartbeat stopped: the run ends (failed, naming the worker), the slice goes
@@ -41,7 +41,7 @@ from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
 from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
-from runner.plan.planner import Plan
+from runner.plan.planner import Plan, hang_limit
 from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch import runs
@@ -292,10 +292,10 @@ class Run:
             self.events.emit("deadline_passed", deadline=self.plan.deadline)
             self.safety_stop = True
             return RunState.TIMED_OUT
-        if verdict == Verdict.HUNG:
-            self.reason = f"no progress for over {self.plan.spec.teardown.hang_timeout}s (teardown.hang_timeout)"
+        if verdict == Verdict.HUNG and (hang := hang_limit(self.plan)) is not None:
+            self.reason = f"no progress for over {hang.seconds}s ({hang.why})"
             self.say(f"{self.reason}: stopping the run")
-            self.events.emit("hung", seconds=self.plan.spec.teardown.hang_timeout)
+            self.events.emit("hung", seconds=hang.seconds)
             self.safety_stop = True
             return RunState.HUNG
         if verdict == Verdict.SILENT:

@@ -103,8 +103,8 @@ def test_restarted_worker_appends_to_its_log_and_events(gcs: str, tmp_path: Path
     store = open_storage(run_dir)
     assert store.read_bytes("logs/worker-0.log") == (
         b"attempt 0\n"  # a first attempt says nothing of where it starts; a later one does
-        b"[runner] nothing in RUNNER_CHECKPOINT_DIR to go on from: the job starts over, unless it keeps its "
-        b"checkpoints elsewhere\nattempt 1\n"
+        b"[runner] nothing in RUNNER_CHECKPOINT_DIR or RUNNER_SHARED_CHECKPOINT_DIR to go on from: the job starts "
+        b"over, unless it keeps its checkpoints elsewhere\nattempt 1\n"
     )
     events = [json.loads(line) for line in store.read_bytes("events/worker-0.jsonl").splitlines()]
     assert [e["event"] for e in events].count("worker_started") == 2
