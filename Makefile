@@ -21,8 +21,9 @@ PYTEST_DIST = -n $(PYTEST_WORKERS) --dist loadgroup
 
 include mk/image.mk
 include mk/containers.mk
+include mk/kube.mk
 
-.PHONY: help install data browser local-run test test-fast faults bench bench-speedup cli-bench lint schema clean
+.PHONY: help install data browser local-run test test-fast faults bench bench-speedup bench-callbacks cli-bench lint schema clean
 
 help:  ## show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,7 +49,7 @@ browser:  ## install Chromium (Debian's package) for the report's browser test, 
 local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
 	$(RUNNER) submit $(JOB) --local
 
-test: data lint browser containers  ## lint, then the whole test suite
+test: data lint browser containers kube  ## lint, then the whole test suite
 	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones
@@ -62,6 +63,9 @@ bench: data  ## the 'GPU vs TPU' notebook's benchmark on this machine: table + p
 
 bench-speedup: data  ## our trainer vs the notebook's plain model.fit at batch 1024: examples/s ratio and accuracies
 	$(PY) scripts/bench_speedup.py $(BENCH_ARGS)
+
+bench-callbacks: data  ## the Dense guide's fit with keras_callbacks() vs without, epochs interleaved: ratio and spread
+	$(PY) scripts/bench_callbacks.py $(BENCH_ARGS)
 
 cli-bench: $(STAMP)  ## cold start of `runner --help` and `runner validate` next to the libraries' import cost
 	$(PY) scripts/bench_cli.py

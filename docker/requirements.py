@@ -61,7 +61,15 @@ TENSORFLOW_ONLY = ("tensorflow", "tf-keras")  # train-extra entries the JAX vari
 JAX_ONLY = ("jax", "gcsfs")
 # The control plane's provisioning clients: nothing in the image creates or deletes a machine (the supervisor talks
 # to Cloud Storage; a VM's self-delete is the bootstrap's curl on the host), and google-cloud-compute alone is 70 MB.
-PROVISIONING_ONLY = ("google-cloud-tpu", "google-cloud-compute")
+# Nor does it read a secret (the pre-flight and a --local run's reads are the runner's, a VM's the bootstrap's curl),
+# or manage a cluster: a GKE run's JobSet and node pools are the runner's, from outside the pod.
+PROVISIONING_ONLY = (
+    "google-cloud-tpu",
+    "google-cloud-compute",
+    "google-cloud-secret-manager",
+    "google-cloud-container",
+    "kubernetes",
+)
 # tensorflow-tpu 2.20.0 declares libtpu~=0.0.14; left open, pip takes the newest 0.0.x on PyPI, a build made for
 # JAX months later. The floor of that range is the build the wheel was made against. (jax[tpu] pins its own.)
 LIBTPU = "0.0.14"

@@ -41,6 +41,56 @@ def preemptions(n: int) -> Check:
     return check
 
 
+def lost_work(ctx: Ctx, result: RunResult) -> None:
+    """`runner status --json`'s goodput against what the case staged: its causes add up to the billed time, and for
+    each preemption of a training job the step it had reached is at least what the bucket showed when the case
+    preempted it and at most the step its trainer's stop saved at (exactly that when the next attempt resumed from
+    it), the step it resumed from is the one the next attempt's log says, the steps redone are the difference, and
+    its dollars are its seconds at the run's price."""
+    goodput = (ctx.status or {}).get("goodput")
+    if not isinstance(goodput, dict):
+        result.problems.append("`runner status --json` has no goodput")
+        return
+    billed = float(goodput["billed_s"])
+    causes = sum(float(c["billed_s"] or 0) for c in goodput["causes"])
+    if abs(causes - billed) > 0.01 + 0.001 * len(goodput["causes"]):
+        result.problems.append(f"goodput's causes add up to {causes:.3f}s, the billed time is {billed:.3f}s")
+    rows = [d for d in goodput["disruptions"] if d["kind"] == "preemption"]
+    if len(rows) != len(ctx.preemptions):
+        result.problems.append(f"{len(rows)} preemption row(s) in the goodput, {len(ctx.preemptions)} staged")
+    job = ctx.case.job
+    rate = goodput["billed_usd"] / billed if goodput.get("billed_usd") is not None and billed else None
+    said = []
+    for i, (row, staged) in enumerate(zip(rows, ctx.preemptions, strict=False)):
+        said.append(
+            f"preemption {i + 1}: step {row['reached_step']} reached, resumed from {row['resumed_step']}, "
+            f"{row['redone_steps']} redone ({row['redone_s']}s), {row['lost_s']}s lost"
+        )
+        if rate is not None and row["lost_s"] is not None and abs(row["usd"] - row["lost_s"] * rate) > 1e-5:
+            result.problems.append(f"preemption {i + 1}: ${row['usd']} for {row['lost_s']}s at ${rate}/s")
+        if not isinstance(job, Train) or i + 1 >= len(ctx.attempts):
+            continue
+        before, after = ctx.attempts[i], ctx.attempts[i + 1]
+        reached, resumed = row["reached_step"], row["resumed_step"]
+        progress = staged.get("progress") or {}
+        seen = progress.get("global_step", int(staged.get("at_checkpoint") or 0) * job.steps_per_epoch)
+        if resumed != after.start_step:
+            result.problems.append(f"preemption {i + 1}: resumed from step {resumed}, the log says {after.start_step}")
+        if reached is None or reached < seen:
+            result.problems.append(f"preemption {i + 1}: step {reached} reached, the bucket showed {seen} at staging")
+        elif before.stop_step is not None and (
+            reached > before.stop_step or (resumed == before.stop_step and reached != before.stop_step)
+        ):
+            result.problems.append(f"preemption {i + 1}: step {reached} reached, the stop saved at {before.stop_step}")
+        if reached is not None and resumed is not None and row["redone_steps"] != reached - resumed:
+            result.problems.append(f"preemption {i + 1}: {row['redone_steps']} steps redone, {reached} - {resumed}")
+        if (row["redone_s"] or 0) > 0 and not row["redone_steps"]:
+            result.problems.append(f"preemption {i + 1}: {row['redone_s']}s redone for no step")
+    percent = goodput.get("percent")
+    share = "not measured" if percent is None else f"{percent:.0f}%"
+    result.notes.append(f"goodput {share} of {billed:.1f}s billed; " + "; ".join(said or ["no preemption row"]))
+
+
 def boot_preemption(ctx: Ctx, result: RunResult) -> None:
     """A node taken back while it boots is a preemption (retries.preemptions), not a stockout."""
     preemptions(1)(ctx, result)

@@ -52,6 +52,7 @@ class Ctx:
         self.bootstrap_seen: dict[str, dict[tuple[float, str], dict[str, Any]]] = {}  # source -> events
         self.reference: dict[str, Any] | None = None  # the reference run's summary.json (Scenario.reference)
         self.clock_skew_s = 0  # how far the case set the VMs' clocks off: their events are read back on the true one
+        self.status: dict[str, Any] | None = None  # `runner status RUN --json` after the run
         # Filled when the run is measured, for the checks:
         self.events: list[dict[str, Any]] = []
         self.exit_records: list[dict[str, Any]] = []

@@ -203,6 +203,7 @@ class Suite:
         env.update(
             RUNNER_TPU_ENDPOINT=emulator_endpoint,
             RUNNER_COMPUTE_ENDPOINT=emulator_endpoint,  # the emulator serves Compute Engine's API on the same port
+            RUNNER_SECRETMANAGER_ENDPOINT=emulator_endpoint,  # and Secret Manager's
             # The emulator doubles as the registry, unless the case runs the real image from a real one.
             RUNNER_REGISTRY_ENDPOINT=case.registry or registry or emulator_endpoint,
             STORAGE_EMULATOR_HOST=proxy_url if case.runner_via_proxy and proxy_url else self.gcs,
@@ -339,8 +340,9 @@ class Suite:
             return "rejected" if ctx.proc and ctx.proc.returncode == 2 else "no run"
         proc = ctx.cli("status", ctx.run_id, "--json", timeout=120)
         try:
-            return str(json.loads(proc.stdout)["state"])
-        except (ValueError, KeyError):
+            ctx.status = json.loads(proc.stdout)
+            return str(ctx.status["state"])
+        except (ValueError, KeyError, TypeError):
             return f"status error ({proc.returncode})"
 
     # -- measuring ------------------------------------------------------------------------------------------------

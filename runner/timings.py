@@ -3,10 +3,12 @@
 The defaults suit the real Cloud TPU API (a create takes minutes; its quotas count every read). A rehearsal on the
 emulators does not need to wait that long: $RUNNER_TIMINGS overrides any of them, e.g.
 
-    RUNNER_TIMINGS="api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1"
+    RUNNER_TIMINGS="api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,job_sync_s=0.5"
 
 which the test suite and the fault table use. A value that is not a known field or not a positive number is a
-UsageError, not silence.
+UsageError, not silence. The job_*_s ones are the job's own cadences in its container: the plan gives them to the
+job's environment (runner.contract.CADENCES) where they are not the defaults, so a rehearsal's VM syncs, beats and
+writes its progress as fast as its runner reads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from runner import contract
 
 ENV = "RUNNER_TIMINGS"
 
@@ -35,6 +39,20 @@ class Timings:
     # One read or write of a run directory on Cloud Storage retries this long, then it is "unknown" (said, and tried
     # again later): the runner's own deadlines and the API's word on a machine do not wait on storage.
     storage_patience_s: float = 20.0
+    # In the job's container: the supervisor's copy of its output to a gs:// run directory, each worker's heartbeat,
+    # the trainer's progress.json. What the runner sees of a job on a VM trails it by up to a sync plus a progress.
+    job_sync_s: float = contract.CADENCES[contract.SYNC_S]
+    job_heartbeat_s: float = contract.CADENCES[contract.HEARTBEAT_S]
+    job_progress_s: float = contract.CADENCES[contract.PROGRESS_S]
+
+    def job_env(self) -> dict[str, str]:
+        """The job's cadences (runner.contract.CADENCES) that differ from the defaults its container assumes."""
+        values = {
+            contract.SYNC_S: self.job_sync_s,
+            contract.HEARTBEAT_S: self.job_heartbeat_s,
+            contract.PROGRESS_S: self.job_progress_s,
+        }
+        return {name: f"{value:g}" for name, value in values.items() if value != contract.CADENCES[name]}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Timings:

@@ -43,7 +43,8 @@ def main() -> int:
     import keras
 
     from runner import datasets
-    from runner.train import npdata, perf
+    from runner.train import cpu as cpus
+    from runner.train import npdata
     from runner.train.models import build_model, make_optimizer
 
     data = datasets.load_npz(datasets.fetch_mnist())
@@ -68,10 +69,9 @@ def main() -> int:
             start = time.perf_counter()
             models[name].fit(feed.epoch(r + 1), verbose=0)
             times[name].append((time.perf_counter() - start) / args.steps * 1e3)
-    cpu = perf.cpu_model(perf.read_cpuinfo())
-    flags = perf.cpu_flags(perf.read_cpuinfo())
+    machine = cpus.detect()
     print(
-        f"{cpu}, {perf.usable_cpus()} CPUs, native bfloat16: {perf.has_native_bf16(flags)}; JAX {jax.__version__}, "
+        f"{machine.model}, {cpus.usable_cpus()} CPUs, native bfloat16: {machine.native_bf16}; JAX {jax.__version__}, "
         f"keras {keras.__version__}; {args.model}, batch {args.batch_size}, {args.rounds} rounds of {args.steps} steps"
     )
     base = statistics.median(times[names[0]])

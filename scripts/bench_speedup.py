@@ -28,7 +28,7 @@ from runner.bench.effective import describe_effective
 from runner.bench.harness import BenchOptions, run_bench
 from runner.bench.report import ArmResult, BenchResult
 from runner.storage.local import write_atomic
-from runner.train.perf import CPU_FLAGS_ENV
+from runner.train.cpu import CPU_FLAGS_ENV
 
 MIN_PAIRS = 8  # fewer epoch pairs than this make a headline that one noisy spell of a shared machine can move
 

@@ -14,12 +14,17 @@ import pytest
 
 from runner import datasets
 from tests.containers import container_engine, cpu_image, image_registry, use_container_engine  # noqa: F401 (fixtures)
+from tests.kubecluster import gke, gke_client, gke_kube, kube, kube_api, kube_namespace, tpu_pool  # noqa: F401 (fixtures)
 
 if TYPE_CHECKING:
     from tpu_emulator import TpuEmulator
 
 REPO = Path(__file__).resolve().parent.parent
-FAST_TIMINGS = "api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,follow_gcs_s=0.5,machine_status_every_s=1"
+FAST_TIMINGS = (
+    "api_poll_s=0.2,api_backoff_s=0.2,api_retry_initial_s=0.1,follow_gcs_s=0.5,machine_status_every_s=1,"
+    # the job's container: its copy to the bucket, heartbeat and progress.json as often as the runner reads
+    "job_sync_s=0.5,job_heartbeat_s=0.5,job_progress_s=0.5"
+)
 
 
 def free_port() -> int:
@@ -90,6 +95,7 @@ def cloud(tpu_emulator: TpuEmulator, gcs: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("RUNNER_TPU_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_COMPUTE_ENDPOINT", tpu_emulator.endpoint)
     monkeypatch.setenv("RUNNER_REGISTRY_ENDPOINT", tpu_emulator.endpoint)  # it doubles as the image registry
+    monkeypatch.setenv("RUNNER_SECRETMANAGER_ENDPOINT", tpu_emulator.endpoint)  # and serves Secret Manager
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     # The emulator answers in fractions of a second: the production polls and backoffs (5 s) would only slow tests.
     monkeypatch.setenv("RUNNER_TIMINGS", FAST_TIMINGS)

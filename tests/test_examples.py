@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from runner import contract, datasets
-from tests.train.test_trainer import sigterm_pending
+from tests.stops import FAST_PROGRESS, freeze_mid_epoch, job_pid, sigterm_pending
 from tests.waiting import wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -87,6 +87,7 @@ def env_for(home: Path, cache: Path) -> dict[str, str]:
         "RUNNER_HOME": str(home),
         "RUNNER_DATA_DIR": str(cache),
         "RUNNER_CPU_FLAGS": "-avx512_bf16,-amx_bf16",
+        "RUNNER_TIMINGS": FAST_PROGRESS,  # where interrupt_mid_epoch reads the job's step
     }
 
 
@@ -95,42 +96,17 @@ def run_dir_of(home: Path) -> Path | None:
     return Path(json.loads(records[0].read_text())["run_dir"]) if records else None
 
 
-def job_pid(run_dir: Path) -> int | None:
-    try:
-        lines = (run_dir / "events" / "worker-0.jsonl").read_text().splitlines()
-    except OSError:
-        return None
-    return next((int(e["pid"]) for e in map(json.loads, lines) if e["event"] == "job_started"), None)
-
-
-def mid_epoch(run_dir: Path | None) -> bool:
-    try:
-        progress = json.loads((run_dir / contract.PROGRESS).read_text()) if run_dir else None
-    except (OSError, ValueError):
-        return False
-    steps = progress and progress.get("steps_per_epoch")
-    # In the first half of an epoch after the first: progress.json is written at an epoch's first step and every
-    # 2 s, and the job is frozen only after this read, so half an epoch's steps are the slack a loaded machine has.
-    return bool(progress and steps and progress["epoch"] >= 2 and 0 < progress["step"] <= steps // 2)
-
-
 def interrupt_mid_epoch(proc: subprocess.Popen[str], home: Path, what: str) -> Path:
-    """Ctrl-C the runner while its job is inside an epoch after the first: the job is frozen where it was seen (its
-    whole process group: a shell form's program is the shell's child), so that the SIGTERM lands mid-epoch however
-    loaded the machine is."""
+    """Ctrl-C the runner while its job is in the first half of an epoch after the first: the job is frozen there
+    (tests/stops; its whole process group: a shell form's program is the shell's child), so that the SIGTERM lands
+    mid-epoch however loaded the machine is. The run writes progress.json every 0.1 s (env_for's RUNNER_TIMINGS)."""
+    run_dir = wait_for(lambda: run_dir_of(home), f"{what}'s run record", timeout=300)
+    pid = wait_for(lambda: job_pid(run_dir), f"{what}'s job to start", timeout=300)
 
-    def seen_mid_epoch() -> bool:
-        if mid_epoch(run_dir_of(home)):
-            return True
-        assert proc.poll() is None, f"{what} ended before it was seen mid-epoch:\n{proc.communicate()[0][-3000:]}"
-        return False
+    def ended() -> str | None:
+        return None if proc.poll() is None else proc.communicate()[0][-3000:]
 
-    wait_for(seen_mid_epoch, f"{what} to reach a second epoch", timeout=300, poll_s=0.01)
-    run_dir = run_dir_of(home)
-    assert run_dir is not None
-    pid = job_pid(run_dir)
-    assert pid is not None
-    os.killpg(pid, signal.SIGSTOP)  # the job leads its own process group
+    freeze_mid_epoch(run_dir / contract.PROGRESS, pid, ended, what, group=True, after_epoch=1)  # it leads its group
     proc.send_signal(signal.SIGINT)
 
     def forwarded() -> bool:

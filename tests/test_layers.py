@@ -1,5 +1,6 @@
 """The layer order docs/architecture.md documents, held on the source: every import in `runner` (at module level,
-inside functions, under TYPE_CHECKING) points down the order, never up or sideways; and the in-container supervisor
+inside functions, under TYPE_CHECKING) points down the order, never up or sideways; what tpu_emulator and faults
+take from the runner is what the document lists for each; typer is the CLI's; and the in-container supervisor
 loads no pydantic.
 
 A `__main__` module is an entry point: it runs a program, nothing imports it (held below), so it may use any layer.
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -31,12 +34,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("plan",),
     ("watch",),
     ("spec",),
-    ("datasets",),
+    ("datasets", "metrics"),
     ("storage",),
     ("launch.deps",),
     ("launch.variants",),
     ("launch.imageref",),
-    ("metrics", "credentials", "interrupts", "timings", "__version__"),
+    ("credentials", "interrupts", "timings", "redact", "__version__"),
     ("contract", "errors"),
 ]
 RANK = {unit: rank for rank, line in enumerate(LAYERS) for unit in line}
@@ -92,6 +95,41 @@ def back_edges(root: Path = RUNNER) -> list[str]:
     return found
 
 
+def _documented_block(name: str) -> str:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    return text.split(f"```{name}\n", 1)[1].split("```", 1)[0]
+
+
+def allowed_imports() -> dict[str, set[str]]:
+    """What docs/architecture.md lets each package beside the runner import from it: `package: module ...`."""
+    allowed: dict[str, set[str]] = {}
+    for line in _documented_block("imports").splitlines():
+        package, sep, modules = line.split("#")[0].partition(":")
+        if sep:
+            allowed.setdefault(package.strip(), set()).update(modules.split())
+    return allowed
+
+
+def runner_imports(package: str) -> list[tuple[str, str]]:
+    """('file:line', imported name) of every runner import in a package beside the runner, wherever it stands."""
+    root = REPO / package
+    return [
+        (f"{path.relative_to(REPO)}:{line}", target)
+        for path in sorted(root.rglob("*.py"))
+        for line, target in imports_of(path, root)
+        if target.startswith("runner.")
+    ]
+
+
+def outside(imports: list[tuple[str, str]], allowed: set[str]) -> list[str]:
+    """The imports that name no allowed module (a module, or a name in it: runner.storage.Storage is storage's)."""
+    return [
+        f"{where} {target}"
+        for where, target in imports
+        if not any(target == module or target.startswith(module + ".") for module in allowed)
+    ]
+
+
 def test_every_unit_is_in_the_documented_order() -> None:
     units = {unit_of(module_of(p)) for p in RUNNER.rglob("*.py") if p.name != "__main__.py"}
     assert units - set(RANK) - {None} == set()
@@ -102,9 +140,48 @@ def test_no_import_points_up_the_layer_order() -> None:
 
 
 def test_the_order_is_the_documented_one() -> None:
-    text = (REPO / "docs" / "architecture.md").read_text()
-    drawn = [line for line in text.split("```layers\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
+    drawn = [line for line in _documented_block("layers").splitlines() if line.strip()]
     assert [tuple(line.split("#")[0].split()) for line in drawn] == LAYERS
+
+
+@pytest.mark.parametrize("package", ["tpu_emulator", "faults"])
+def test_the_emulator_and_the_faults_import_only_what_the_document_lists(package: str) -> None:
+    """Each names its runner modules in docs/architecture.md; an import of another fails here, and a listed
+    module nothing imports any more fails too, so the list stays what the code does."""
+    allowed = allowed_imports()[package]
+    imports = runner_imports(package)
+    assert outside(imports, allowed) == []
+    used = {
+        module for module in allowed for _, target in imports if target == module or target.startswith(module + ".")
+    }
+    assert used == allowed
+
+
+def test_the_emulator_does_not_import_the_faults() -> None:
+    found = [
+        f"{p.relative_to(REPO)}:{line} {target}"
+        for p in (REPO / "tpu_emulator").rglob("*.py")
+        for line, target in imports_of(p, REPO / "tpu_emulator")
+        if target.split(".")[0] == "faults"
+    ]
+    assert found == []
+
+
+def test_the_import_check_finds_a_module_not_listed() -> None:
+    imports = [("faults/x.py:3", "runner.storage.Storage"), ("faults/x.py:9", "runner.lifecycle.run.RunLoop")]
+    assert outside(imports, {"runner.storage"}) == ["faults/x.py:9 runner.lifecycle.run.RunLoop"]
+    assert outside([("t.py:1", "runner.storagex.y")], {"runner.storage"}) == ["t.py:1 runner.storagex.y"]
+
+
+def test_typer_is_the_clis() -> None:
+    """The command line (runner/cli/, and `runner bench`'s command, which it mounts) is what imports typer."""
+    found = sorted(
+        str(p.relative_to(REPO))
+        for p in RUNNER.rglob("*.py")
+        for _, target in imports_of(p)
+        if target.split(".")[0] == "typer"
+    )
+    assert found and all(f.startswith("runner/cli/") or f == "runner/bench/command.py" for f in found), found
 
 
 def test_nothing_imports_an_entry_point() -> None:

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nPoint the runner (and your shell) at it:\n")
     print(f"  export RUNNER_TPU_ENDPOINT={emulator.endpoint}")
     print(f"  export RUNNER_COMPUTE_ENDPOINT={emulator.endpoint}")
+    print(f"  export RUNNER_SECRETMANAGER_ENDPOINT={emulator.endpoint}   # Secret Manager (a spec's secrets:)")
     if registry is not None and engine is not None:
         print(f"  export RUNNER_REGISTRY_ENDPOINT={registry.endpoint}   # the registry the VMs pull from")
         print(f"\nThe VMs run containers under {engine.title}. Push an image for them, e.g.:\n")

@@ -56,6 +56,7 @@ VALUE_FLAGS = {
     "--log-driver", "--log-opt", "--gpus", "--ipc", "--pid", "--cap-add", "--cap-drop", "--device",
     "--security-opt", "--restart", "--hostname", "--platform", "--pull", "--memory", "--cpus", "--workdir",
     "--mount", "--add-host", "--label", "--publish", "--tmpfs", "--stop-timeout", "--stop-signal", "--dns",
+    "--group-add",
 }  # fmt: skip
 UNSUPPORTED = {"--entrypoint"}
 GLOBAL_VALUE_FLAGS = {"--config", "-H", "--host", "--log-level", "--context", "-c"}
@@ -393,7 +394,9 @@ def run(args: list[str]) -> int:
 # -- the other commands -----------------------------------------------------------------------------------------
 
 
-def _options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], list[str]]:
+def parse_options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], list[str]]:
+    """(flags, the rest) of a docker subcommand's arguments: `value_flags` take a value (--time 5, --time=5), every
+    other flag is "true". The emulator's real-container VMs (vm_engine.py) parse through it too."""
     opts: dict[str, str] = {}
     rest: list[str] = []
     i = 0
@@ -415,7 +418,7 @@ def _options(args: list[str], value_flags: set[str]) -> tuple[dict[str, str], li
 
 
 def stop(args: list[str]) -> int:
-    opts, names = _options(args, {"-t", "--time", "-s", "--signal"})
+    opts, names = parse_options(args, {"-t", "--time", "-s", "--signal"})
     timeout = float(opts.get("-t") or opts.get("--time") or 10)
     code = 0
     for name in names:
@@ -434,7 +437,7 @@ def stop(args: list[str]) -> int:
 
 
 def rm(args: list[str]) -> int:
-    opts, names = _options(args, set())
+    opts, names = parse_options(args, set())
     force = any(k in opts for k in ("-f", "--force", "-fv", "-vf"))
     code = 0
     for name in names:
@@ -461,7 +464,7 @@ def rm(args: list[str]) -> int:
 
 
 def kill(args: list[str]) -> int:
-    opts, names = _options(args, {"-s", "--signal"})
+    opts, names = parse_options(args, {"-s", "--signal"})
     sig_name = (opts.get("-s") or opts.get("--signal") or "KILL").upper().removeprefix("SIG")
     sig = int(sig_name) if sig_name.isdigit() else getattr(signal, f"SIG{sig_name}")
     code = 0
@@ -477,7 +480,7 @@ def kill(args: list[str]) -> int:
 
 
 def ps(args: list[str]) -> int:
-    opts, _ = _options(args, {"--format", "-f", "--filter"})
+    opts, _ = parse_options(args, {"--format", "-f", "--filter"})
     records = [r for p in sorted((state_dir() / "containers").glob("*.json")) if (r := load(p.stem))]
     shown = [r for r in records if "-a" in opts or "--all" in opts or running(r)]
     if "-q" in opts or "--quiet" in opts:
@@ -490,7 +493,7 @@ def ps(args: list[str]) -> int:
 
 
 def login(args: list[str], stdin_text: str | None = None) -> int:
-    opts, rest = _options(args, {"-u", "--username", "-p", "--password"})
+    opts, rest = parse_options(args, {"-u", "--username", "-p", "--password"})
     if "--password-stdin" in opts:
         password = (stdin_text if stdin_text is not None else sys.stdin.read()).strip()
     else:
@@ -508,7 +511,7 @@ def login(args: list[str], stdin_text: str | None = None) -> int:
 
 def images(args: list[str]) -> int:
     if args[:1] == ["inspect"]:
-        _, refs = _options(args[1:], {"--format", "-f"})
+        _, refs = parse_options(args[1:], {"--format", "-f"})
         for ref in refs:
             if normalize(ref) not in _pulled():
                 raise Exit(1, f"Error: No such image: {ref}")
@@ -537,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "run":
             return run(rest)
         if command == "pull":
-            opts, refs = _options(rest, {"--platform"})
+            opts, refs = parse_options(rest, {"--platform"})
             if len(refs) != 1:
                 raise Exit(1, "\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.")
             error = pull(refs[0], quiet="-q" in opts or "--quiet" in opts)

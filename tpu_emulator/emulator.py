@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +21,7 @@ from tpu_emulator.faults import Fault, Faults, fault_from_json
 from tpu_emulator.gce.emulator import ComputeEngine
 from tpu_emulator.resources import Node
 from tpu_emulator.scheduler import Scheduler
+from tpu_emulator.secretmanager import SecretManager
 from tpu_emulator.server import Api, HttpServer, RecordedRequest, Request, Response
 from tpu_emulator.state import Cloud, QueueStyle
 from tpu_emulator.vm import VmInfo, VmLauncher
@@ -106,6 +109,8 @@ class TpuEmulator:
             vm_grace_s=vm_grace_s,
             wait_s=compute_wait_s,
         )
+        # Secret Manager, on the same port: its callers are told apart by the tokens the VMs' metadata servers give.
+        self.secrets = SecretManager(self.faults, self._principal)
         self.admin = Admin(self)
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
@@ -175,9 +180,38 @@ class TpuEmulator:
         self.scheduler.clear()
         self.cloud.forget_all()
         self.compute.reset()
+        self.secrets.reset()
         self.launcher.stop_all(self.vm_grace_s)
         with self._requests_lock:
             self._requests.clear()
+
+    # -- time -----------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The emulator's clock stands still inside the block: nothing on its agenda happens (a create's or a
+        deletion's end, a stop's, a queued resource's next state), on either API, so a test can read a state that
+        lasts a fraction of a second however busy the machine is. What fell due meanwhile happens at the block's
+        end, in order, each at the time it was due."""
+        clouds = (self.cloud, self.compute.cloud)
+        for cloud in clouds:
+            with cloud.lock:
+                cloud.agenda.held = True
+        try:
+            yield
+        finally:
+            for cloud in clouds:
+                with cloud.lock:
+                    cloud.agenda.held = False
+                    cloud.settle()
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass for the emulated Cloud TPU and Compute Engine: what is due within them happens now, in
+        order, the rest that much sooner (a slow create or delete, rehearsed without waiting it out)."""
+        with self.cloud.lock:
+            self.cloud.agenda.advance(seconds)
+            self.cloud.settle()
+        self.compute.advance(seconds)
 
     # -- inspection ---------------------------------------------------------------------------------------------
 
@@ -232,6 +266,22 @@ class TpuEmulator:
             data,
             logs,
         )
+
+    def _principal(self, access_token: str) -> str | None:
+        """The service account whose token this is: a TPU VM's or a Compute Engine VM's, as its metadata server
+        gives it (tpu_emulator.metadata, tpu_emulator.gce.metadata); None for a token no VM was given."""
+        from tpu_emulator.gce import metadata as gce_metadata
+
+        with self.cloud.lock:
+            for node in self.cloud.nodes.values():
+                if any(metadata.token(node, w)["access_token"] == access_token for w in node.workers):
+                    return str(node.to_json()["serviceAccount"]["email"])
+        with self.compute.cloud.lock:
+            for instance in self.compute.cloud.instances.values():
+                if gce_metadata.token(instance)["access_token"] == access_token:
+                    accounts = gce_metadata.tree(instance)["instance"]["service-accounts"]
+                    return str(accounts["default"]["email"]) if "default" in accounts else None
+        return None
 
     def _resolve(self, node: str, *, must_exist: bool = True) -> str:
         """A full node name from a full name or a bare node id."""
@@ -444,9 +494,9 @@ class TpuEmulator:
             self.cloud.spawn(group.stop, self.vm_grace_s)
         return name
 
-    def maintain(self, node: str, state: str = "REPAIRING", seconds: float = 5.0) -> str:
-        """The node shows `state` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...) for `seconds`, then READY again; its VMs go
-        on. Returns the node's full name."""
+    def maintain(self, node: str, state: str = "REPAIRING", seconds: float | None = 5.0) -> str:
+        """The node shows `state` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...) for `seconds` (None: until
+        end_maintenance), then READY again; its VMs go on. Returns the node's full name."""
         with self.cloud.lock:
             self.cloud.settle()
             name = self._resolve(node)
@@ -462,6 +512,12 @@ class TpuEmulator:
             name = self._resolve(node)
             self.cloud.get_node(name).maintenance_event = event
         return name
+
+    def end_maintenance(self, node: str) -> None:
+        """The node maintain put in a state is READY again now."""
+        with self.cloud.lock:
+            self.cloud.settle()
+            self.cloud.end_maintenance(self._resolve(node))
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 
@@ -488,6 +544,8 @@ class TpuEmulator:
             return self.api.handle(request)
         if request.path.startswith("/compute/v1/"):
             return self.compute.api.handle(request)
+        if request.path.startswith("/v1/"):
+            return self.secrets.handle(request)
         if request.path.startswith("/_emulator/compute/"):
             return self.compute.admin(request, request.path.removeprefix("/_emulator/compute").rstrip("/"))
         if request.path == "/_emulator" or request.path.startswith("/_emulator/"):
@@ -523,6 +581,7 @@ class TpuEmulator:
                     "service": "Cloud TPU API v2 and Compute Engine API v1 emulator",
                     "api": f"{self.endpoint}/v2/",
                     "compute": f"{self.endpoint}/compute/v1/",
+                    "secretmanager": f"{self.endpoint}/v1/",
                     "admin": f"{self.endpoint}/_emulator/",
                 }
             )

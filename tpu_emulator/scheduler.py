@@ -85,6 +85,7 @@ class Agenda:
         self._seq = itertools.count()
         self._applying: float | None = None  # the due time of the transition being applied
         self.paused = False  # set when the emulator stops: nothing happens any more
+        self.held = False  # a test holds the clock (TpuEmulator.frozen): nothing falls due until it lets go
 
     def now(self) -> float:
         """The agenda's monotonic time: the due time of the transition being applied, else the clock's."""
@@ -104,10 +105,10 @@ class Agenda:
 
     def settle(self) -> None:
         """Apply, in order, every transition due by now (including ones that those make due)."""
-        if self._applying is not None or self.paused:
+        if self._applying is not None or self.paused or self.held:
             return  # a transition that reads state must not apply the ones after it
         now = time.monotonic()
-        while self._queue and self._queue[0][0] <= now and not self.paused:
+        while self._queue and self._queue[0][0] <= now and not self.paused and not self.held:
             due, _, fn = heapq.heappop(self._queue)
             self._applying = due
             try:

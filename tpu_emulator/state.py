@@ -70,6 +70,7 @@ class Cloud:
         self.delete_delay_s = delete_delay_s
         self.vm_grace_s = vm_grace_s
         self.lock = threading.RLock()
+        self._maintained: dict[str, Callable[[], None]] = {}  # node -> what makes it READY after maintain
         self.agenda = Agenda(scheduler, self.lock)
         self.nodes: dict[str, Node] = {}
         self.operations: dict[str, Operation] = {}
@@ -382,9 +383,10 @@ class Cloud:
             self.agenda.at(self.delete_delay_s, stopped, wake=True)
             return group
 
-    def maintain(self, name: str, state: str, seconds: float) -> None:
+    def maintain(self, name: str, state: str, seconds: float | None) -> None:
         """A state the service gives a READY node for `seconds` (REPAIRING, HIDING, HIDDEN, UNKNOWN ...), then READY
-        again; its VMs go on. What a follower can only show: the node says it is not simply READY."""
+        again; its VMs go on. What a follower can only show: the node says it is not simply READY. `seconds` None:
+        until end_maintenance."""
         with self.lock:
             node = self.get_node(name)
             if node.state != "READY":
@@ -395,7 +397,16 @@ class Cloud:
                 if self.nodes.get(node.name) is node and node.state == state:
                     node.state = "READY"
 
-            self.agenda.at(seconds, back, wake=True)
+            self._maintained[name] = back
+            if seconds is not None:
+                self.agenda.at(seconds, back, wake=True)
+
+    def end_maintenance(self, name: str) -> None:
+        """READY again, now, after maintain (unless the node has left its maintenance state since)."""
+        with self.lock:
+            back = self._maintained.pop(name, None)
+            if back is not None:
+                back()
 
     def _service_delete(self, qr_name: str) -> None:
         qr = self.queued.items.get(qr_name)

@@ -135,12 +135,14 @@ class VmGroup:
         processes: list[VmProcess],
         engine: Engine | None = None,
         roots: Iterable[Path] = (),
+        memory: Iterable[Path] = (),
     ) -> None:
         self.node = node
         self.marker_prefix = marker_prefix
         self.processes = processes
         self.engine = engine  # the VMs run real containers under it (tpu_emulator.vm_engine)
         self.engine_roots: tuple[Path, ...] = tuple(roots)
+        self.memory: tuple[Path, ...] = tuple(memory)  # each VM's tmpfs (its secrets): gone when the VM stops
         self._lock = threading.Lock()
         self._stopping = False
         self._stopped = threading.Event()
@@ -179,6 +181,8 @@ class VmGroup:
 
                 markers = [f"{self.marker_prefix}{p.worker}" for p in self.processes]
                 vm_engine.cleanup(self.engine, markers, list(self.engine_roots))
+            for path in self.memory:
+                shutil.rmtree(path, ignore_errors=True)
         finally:
             self._stopped.set()
 
@@ -230,6 +234,16 @@ class VmLauncher:
         date.chmod(0o755)
         self.python_dir.mkdir(parents=True, exist_ok=True)
         (self.python_dir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+
+    @property
+    def secrets_root(self) -> Path:
+        """Where the VMs keep the secrets they read (RUNNER_SECRETS_DIR, one folder per VM boot): a memory file
+        system, as /run is on a TPU VM; the bootstrap refuses to write a secret anywhere else."""
+        return Path("/dev/shm") / f"tpu-emulator-{self.emulator_id}"
+
+    def memory_dir(self, marker: str) -> Path:
+        """One VM boot's RUNNER_SECRETS_DIR under secrets_root."""
+        return self.secrets_root / marker.replace(":", "-")
 
     def engine_root(self, marker: str) -> Path:
         """One VM boot's own image store (Podman): a new disk per boot, never shared with another VM."""
@@ -285,6 +299,8 @@ class VmLauncher:
             # Both APIs are served at the same address: a VM deletes itself through the API that made it.
             "RUNNER_TPU_API": self.endpoint,
             "RUNNER_COMPUTE_API": self.endpoint,
+            "RUNNER_SECRETMANAGER_API": self.endpoint,
+            "RUNNER_SECRETS_DIR": str(self.memory_dir(marker)),
             MARKER: marker,
             # A job's own requirements, which a container played as a process (docker_shim) installs as a --local
             # process run does: into this machine's cache, shared with those runs (runner.launch.deps).
@@ -329,7 +345,8 @@ class VmLauncher:
             header = f"{name} worker {worker} of {hosts}: running startup-script"
             processes.append(self._start(worker, directory, env, script, header))
         roots = [self.engine_root(f"{prefix}{worker}") for worker in range(hosts)] if self.engine else []
-        return self._keep(VmGroup(name, prefix, processes, self.engine, roots))
+        memory = [self.memory_dir(f"{prefix}{worker}") for worker in range(hosts)]
+        return self._keep(VmGroup(name, prefix, processes, self.engine, roots, memory))
 
     def instance_dir(self, project: str, zone: str, instance: str) -> Path:
         return self.workdir / "compute" / project / zone / instance
@@ -349,7 +366,7 @@ class VmLauncher:
         path = f"projects/{project}/zones/{zone}/instances/{instance}"
         process = self._start(0, directory, env, script, f"{path}: running startup-script")
         roots = [self.engine_root(f"{prefix}0")] if self.engine else []
-        return self._keep(VmGroup(path, prefix, [process], self.engine, roots))
+        return self._keep(VmGroup(path, prefix, [process], self.engine, roots, [self.memory_dir(f"{prefix}0")]))
 
     def _start(self, worker: int, directory: Path, env: dict[str, str], script: str, header: str) -> VmProcess:
         shutil.rmtree(directory, ignore_errors=True)  # a new VM boots from a fresh disk
@@ -411,3 +428,4 @@ class VmLauncher:
             time.sleep(0.05)
         with self._lock:
             self._groups = [g for g in self._groups if g not in groups]
+        shutil.rmtree(self.secrets_root, ignore_errors=True)  # what a killed VM's bootstrap had no time to remove

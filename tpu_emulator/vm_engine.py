@@ -138,7 +138,7 @@ def main(engine: Engine, command: str, args: list[str]) -> int:
     from tpu_emulator import docker_shim
 
     if command == "pull":
-        opts, refs = docker_shim._options(args, {"--platform"})
+        opts, refs = docker_shim.parse_options(args, {"--platform"})
         if len(refs) != 1:
             raise docker_shim.Exit(1, "\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.")
         return pull(engine, refs[0], quiet="-q" in opts or "--quiet" in opts)
@@ -146,7 +146,7 @@ def main(engine: Engine, command: str, args: list[str]) -> int:
         return run(engine, args)
     if command in ("stop", "rm", "kill"):
         value_flags = {"stop": {"-t", "--time", "-s", "--signal"}, "rm": set(), "kill": {"-s", "--signal"}}[command]
-        opts, names = docker_shim._options(args, value_flags)
+        opts, names = docker_shim.parse_options(args, value_flags)
         passed = [part for k, v in opts.items() for part in ((k,) if v == "true" else (k, v))]
         code = 0
         for name in names:

@@ -18,7 +18,7 @@ CASES = (
         job=Train(epochs=8, examples=24576, batch_size=16),
         spot=True,
         during=(actions.preempt_at_checkpoints(2, 5),),
-        checks=(checks.preemptions(2),),
+        checks=(checks.preemptions(2), checks.lost_work),
     ),
     Scenario(
         "preempt-at-boot",
@@ -27,7 +27,7 @@ CASES = (
         0,
         spot=True,
         during=(actions.preempt_when_ready,),
-        checks=(checks.boot_preemption,),
+        checks=(checks.boot_preemption, checks.lost_work),
     ),
     Scenario(
         "preempt-at-boot-1zone",
@@ -37,7 +37,7 @@ CASES = (
         spot=True,
         zones=(ZONES[0],),
         during=(actions.preempt_when_ready,),
-        checks=(checks.boot_preemption,),
+        checks=(checks.boot_preemption, checks.lost_work),
         fast=True,
     ),
     # Full-size epochs at batch 16 (3120 steps, several seconds each), preempted when the bucket's progress.json
@@ -51,7 +51,7 @@ CASES = (
         job=Train(epochs=3, examples=49920, batch_size=16, test_examples=10000),
         spot=True,
         during=(actions.preempt_mid_epoch,),
-        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted),
+        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted, checks.lost_work),
         reference=True,
     ),
     # The same, with the real image: each VM pulls it from a registry on loopback (the startup breakdown's "image
@@ -64,7 +64,7 @@ CASES = (
         job=Train(epochs=3, examples=49920, batch_size=16, test_examples=10000),
         spot=True,
         during=(actions.preempt_mid_epoch,),
-        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted, checks.image_pulled),
+        checks=(checks.preemptions(1), checks.same_training_as_uninterrupted, checks.image_pulled, checks.lost_work),
         reference=True,
         container=True,
         timeout_s=900.0,
@@ -81,6 +81,6 @@ CASES = (
         slices=2,
         zones=(MULTI_HOST_ZONE,),
         during=(actions.preempt_one_slice,),
-        checks=(checks.preemptions(1), checks.queued_ran_in(MULTI_HOST_ZONE)),
+        checks=(checks.preemptions(1), checks.queued_ran_in(MULTI_HOST_ZONE), checks.lost_work),
     ),
 )

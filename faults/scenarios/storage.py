@@ -64,7 +64,7 @@ CASES = (
         job=_RESUMABLE,
         spot=True,
         during=(actions.preempt_then_while_recreating(actions.tear_newest_checkpoint),),
-        checks=(checks.preemptions(1), checks.resumed_past_torn_checkpoint),
+        checks=(checks.preemptions(1), checks.resumed_past_torn_checkpoint, checks.lost_work),
     ),
     Scenario(
         "broken-manifest",
@@ -74,7 +74,7 @@ CASES = (
         job=_RESUMABLE,
         spot=True,
         during=(actions.preempt_then_while_recreating(actions.break_manifest),),
-        checks=(checks.preemptions(1), checks.resumed_by_scan),
+        checks=(checks.preemptions(1), checks.resumed_by_scan, checks.lost_work),
     ),
     # The runner and the VM lose Cloud Storage (no answer at all) for 150 s while the job runs: longer than the
     # runner's read retries (120 s) and the heartbeat window. Nothing is judged from silence.

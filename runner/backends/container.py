@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from runner import contract
 from runner.launch import deps
 from runner.launch import engine as engines
 from runner.launch.engine import Engine
@@ -30,6 +31,7 @@ ENTRYPOINT = ["python", "-m", "runner.worker"]  # the image's ENTRYPOINT (docker
 # its process group (setsid, a double fork: a daemon) still carries, so stopping the run finds it too.
 SESSION = "RUNNER_LOCAL_SESSION"
 CONTAINER_DATA_DIR = "/data"
+CONTAINER_CACHE_DIR = "/cache"  # the start-up cache (runner.train.startcache), read-write: a run adds to it
 # How a job runs: in a container under one of the engines (the name is the CLI that stops it), or as a process.
 Mode = Literal["docker", "podman", "process"]
 Prefer = Literal["container", "process"]
@@ -113,12 +115,17 @@ def plan_launch(
     data_dir: Path | None,
     storage_root: Path | None,
     prefer: Prefer | None = None,
+    cache_dir: Path | None = None,
     engine: Engine | None = None,
     flags: list[str] | None = None,
+    secret_files: list[Path] | None = None,
 ) -> Launch:
     """Decide how the job's container runs here. `prefer="process"` skips the engine even when there is one;
     `prefer="container"` makes "no engine, or no image" an error. `engine`: this one, not the one detection finds
-    (an emulated VM's, with its own image store); `flags`: its `docker run` options instead of the local ones."""
+    (an emulated VM's, with its own image store); `flags`: its `docker run` options instead of the local ones;
+    `secret_files`: the job's secrets as files, mounted read-only at the same path in a container (the variable
+    that names each holds that path either way); `cache_dir`: the start-up cache, mounted read-write into a
+    container (a process finds it by itself)."""
     if prefer != "process":
         found = engines.Found(engine, "") if engine else engines.detect()
         if found.engine and image_present(found.engine, image):
@@ -127,9 +134,13 @@ def plan_launch(
             if data_dir and data_dir.is_dir():
                 mounts.append((str(data_dir), CONTAINER_DATA_DIR, True))
                 env["RUNNER_DATA_DIR"] = CONTAINER_DATA_DIR
+            if cache_dir and _writable_dir(cache_dir):
+                mounts.append((str(cache_dir), CONTAINER_CACHE_DIR, False))
+                env[contract.CACHE_DIR] = CONTAINER_CACHE_DIR
             if storage_root:
                 # Same path inside and out, so RUNNER_RUN_DIR means the same in both.
                 mounts.append((str(storage_root), str(storage_root), False))
+            mounts += [(str(path), str(path), True) for path in secret_files or ()]
             gpus = host_gpus() if flags is None else 0
             argv = docker_argv(image, name, env, mounts, gpus > 0, cli=found.engine.command(), flags=flags)
             reason = f"{found.engine.title}, image {image}" + (f", {gpus} GPU(s)" if gpus else ", CPU")
@@ -160,6 +171,14 @@ def plan_launch(
         env = install.env(env)
     reason = f"local process ({why}); commands run with {bin_dir} first on PATH"
     return Launch("process", argv, env, reason, name, install=install)
+
+
+def _writable_dir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
 
 
 def start(launch: Launch, output: Path) -> subprocess.Popen[bytes]:

@@ -57,7 +57,7 @@ def dry_run_tail(plan: Plan, script: str, *, per_worker: str, runs: str) -> list
     """What the job runs (command, working directory, environment in plain text) and the startup script."""
     workdir = job.working_directory(plan.spec.image, process=False, cwd=Path.cwd())
     return [
-        "\n" + job.job_text(plan.spec.command, plan.env, workdir, per_worker=per_worker),
+        "\n" + job.job_text(plan.spec.command, plan.env, workdir, per_worker=per_worker, secrets=plan.secrets),
         f"\nstartup-script ({runs}; JOB_ENV_B64 is the environment above):",
         script.rstrip(),
     ]

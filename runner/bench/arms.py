@@ -38,7 +38,7 @@ class ArmSpec:
     test_examples: int | None = None
     learning_rate: float = 3e-3
     seed: int = 0
-    precision: str = "auto"  # ours only: perf.precision_policy override
+    precision: str = "auto"  # ours only: choices.device_precision override
     steps_per_execution: int | None = None  # ours only
     jit_compile: bool | None = None  # ours only: None is perf.jit_compile's choice
     data: str | None = None  # an MNIST .npz; None: the trainer's search order
@@ -198,7 +198,7 @@ class TrainerArm:
 
 
 def describe_device(tf: Any, kind: str, devices: list[str], cpu: str) -> dict[str, Any]:
-    from runner.train.perf import usable_cpus
+    from runner.train.cpu import usable_cpus
 
     cpus = usable_cpus()
     out: dict[str, Any] = {"kind": kind, "devices": devices, "cpu": cpu, "cpus": cpus}

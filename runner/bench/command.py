@@ -190,7 +190,7 @@ def bench(
             typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}")
         return
     from runner.bench.harness import BenchOptions, run_bench
-    from runner.train.perf import PRECISIONS
+    from runner.train.choices import PRECISIONS
 
     if precision != "auto" and precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r}: use auto or one of {', '.join(PRECISIONS)}")

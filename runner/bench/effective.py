@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from runner.train.perf import ONEDNN_ENV, usable_cpus
+from runner.train.cpu import usable_cpus
+from runner.train.perf import ONEDNN_ENV
 
 
 def onednn_enabled() -> bool | None:

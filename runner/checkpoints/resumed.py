@@ -23,6 +23,11 @@ from runner.watch.events import Event
 from runner.watch.rundir import Progress, loads, number, parse_jsonl
 
 EVENT = "resumed_from_checkpoint"
+# What a checkpoint's save and restore took, each said as it ends with its `seconds` (the run's goodput,
+# runner.collect.goodput): the trainer's saves; the supervisor's download onto a new machine, the trainer's verify and
+# load (`stage`).
+SAVED = "checkpoint_saved"
+RESTORED = "checkpoint_restored"
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ def status(
                     "cost": facts.cost.to_json() if facts and facts.cost is not None else None,
                     "still_billing": record.still_billing,
                     "startup": (facts.startup if facts else startup([], [], ready="")).to_json(),
+                    "goodput": facts.goodput.to_json() if facts and facts.goodput is not None else None,
                     "attempts": [a.model_dump(mode="json") for a in record.attempts],
                     "warnings": warnings,
                 },
@@ -258,6 +259,8 @@ def list_runs(
             "cost": None,
             "cost_cell": "?+" if record.still_billing else "?",
             "still_billing": record.still_billing,
+            "goodput": None,
+            "goodput_cell": "?",
         }
         try:
             storage = open_storage(record.run_dir)
@@ -272,6 +275,8 @@ def list_runs(
             entry["metrics_from"] = facts.metrics_from
             entry["cost"] = facts.cost.to_json() if facts.cost is not None else None
             entry["cost_cell"] = facts.cost_cell()
+            entry["goodput"] = facts.goodput.to_json() if facts.goodput is not None else None
+            entry["goodput_cell"] = facts.goodput.cell() if facts.goodput is not None else "-"
             warnings += [f"{record.run_id}: {problem}" for problem in [*snapshot.problems, *facts.warnings]]
         except Exception as exc:  # one unreachable run directory must not hide the others
             reason = exc.message if isinstance(exc, RunnerError) else f"{type(exc).__name__}: {exc}"
@@ -296,11 +301,13 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
 
     if not entries:
         return
-    from runner.collect.progress import metrics_text
-    from runner.collect.summary import rounded
+    from runner.collect.figures import metrics_text, rounded
 
-    table = Table("run", "job", "backend", "state", "created", "result", "cost", box=None, pad_edge=False)
+    table = Table("run", "job", "backend", "state", "created", "result", "cost", "goodput", box=None, pad_edge=False)
     table.columns[0].no_wrap = table.columns[5].no_wrap = True  # a run id is what a user copies
+    # The state is what a look at the list is for: never cut to "st…" on a narrow terminal (the date wraps instead).
+    table.columns[3].min_width = max(len(str(entry["state"])) for entry in entries)
+    table.columns[6].min_width, table.columns[7].min_width = len("cost"), len("goodput")
     for entry in entries:
         accuracy, last = entry["test_accuracy"], entry["last_metrics"]
         # the test accuracy (the trainer's, or a command's evaluate()); else a command's last metrics (its
@@ -320,5 +327,6 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
             when(entry["created_at"], "%Y-%m-%d %H:%M"),
             result,
             entry["cost_cell"],
+            entry["goodput_cell"],
         )
     console().print(table)

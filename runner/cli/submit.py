@@ -79,13 +79,15 @@ def submit(
     if local:
         from runner.plan.planner import plan_local
 
-        plan = plan_local(spec, str(spec_path), storage=storage, workers=workers)
+        plan = plan_local(spec, str(spec_path), storage=storage, workers=workers, timings=timings)
     else:
         from runner.backends import plan_cloud
         from runner.plan.target import Problems
 
         problems = Problems()  # every pre-flight problem, not only the first
-        plan = plan_cloud(spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems)
+        plan = plan_cloud(
+            spec, str(spec_path), storage=storage, project=project, zone=zone, problems=problems, timings=timings
+        )
         if not dry_run:
             problems.raise_all()
     launch(plan, backend_for(plan, process, timings), problems, dry_run=dry_run, detach=detach, timings=timings)
@@ -128,13 +130,13 @@ def resume(
         from runner.plan.planner import plan_local
 
         workers = 1 if is_cloud(record.backend) else record.num_workers
-        plan = plan_local(spec, record.spec_path, workers=workers, continued=continued)
+        plan = plan_local(spec, record.spec_path, workers=workers, continued=continued, timings=timings)
     else:
         from runner.backends import plan_cloud
         from runner.plan.target import Problems
 
         problems = Problems()
-        plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems)
+        plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems, timings=timings)
         problems.raise_all()
     attempt = len(record.attempts) + 2
     say(f"resuming {record.run_id} ({state}) as its attempt {attempt}")
@@ -195,13 +197,18 @@ def launch(
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
     from runner.plan.planner import hang_limit
+    from runner.spec.secrets import env_warnings
 
     rows += [hang.row()] if (hang := hang_limit(plan)) is not None else []
-    warnings = plan.cloud.warnings if plan.cloud is not None else ()
+    warnings = [*(plan.cloud.warnings if plan.cloud is not None else ()), *env_warnings(spec)]
     rows += [("warning", text) for text in warnings]
     if dry_run:
         if plan.cloud is not None:
             rows.append(("image check", "not done offline: `runner submit` asks the registry before creating anything"))
+            if any(s.secret_manager for s in plan.secrets):
+                rows.append(
+                    ("secret check", "not done offline: `runner submit` asks Secret Manager before creating anything")
+                )
         echo(dry_run_text(plan, backend, rows))
         if problems:
             echo()
@@ -219,6 +226,12 @@ def launch(
         # Before anything is paid for: a VM that boots and cannot pull its image is the costliest typo.
         if warning := require_in_registry(spec.image):
             say(f"warning: {warning}")
+        if plan.secrets:
+            from runner.backends import secretmanager
+
+            # Before anything is paid for: a VM that cannot read its secret fails only after it boots.
+            for line in secretmanager.preflight(plan):
+                say(line)
     from runner import lifecycle
 
     outcome = lifecycle.submit(
@@ -336,6 +349,10 @@ def end_rows(record: RunRecord, state: RunState, snapshot: Snapshot, facts: RunF
     from runner.errors import RunnerError
 
     rows = facts.rows()
+    if facts.goodput is not None:
+        from runner.collect.goodput import record_in_summary
+
+        rows += [("summary.json", why)] if (why := record_in_summary(record.run_dir, facts.goodput)) else []
     try:
         from runner.collect.report import make_report
 

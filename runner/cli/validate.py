@@ -26,6 +26,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
     from runner.errors import SpecError
     from runner.plan import datacheck
     from runner.spec.loader import load_spec, shown
+    from runner.spec.secrets import env_warnings
 
     verdicts: list[dict[str, Any]] = []
     for path in paths:
@@ -44,6 +45,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
         errors += dependency_problems(spec, Path.cwd())
         verdict |= {"job": spec.name, "problems": errors}
         verdict["warnings"] = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]
+        verdict["warnings"] += env_warnings(spec)
         if errors:
             if not as_json:
                 count = f"{len(errors)} problem{'s' if len(errors) > 1 else ''}"

@@ -21,7 +21,9 @@ from typing import Any
 from runner import backends, contract
 from runner.checkpoints import Listing, Saved, survey
 from runner.checkpoints.resumed import Resumed, latest
-from runner.collect.cost import Price, RunCost, price_for, run_cost, unpriced
+from runner.collect.cost import Price, RunCost, node_spans, price_for, run_cost, unpriced
+from runner.collect.goodput import Goodput
+from runner.collect.goodput import compute as compute_goodput
 from runner.collect.timeline import Startup, Timeline, build_timeline, startup
 from runner.storage import Storage
 from runner.watch.events import Event, read_events
@@ -163,21 +165,14 @@ class RunFacts:
     summary: Summary | None = None  # summary.json, else (the run over) the one its metrics and log give
     log_progress: Progress | None = None  # where the epoch in progress stands, from Keras' lines in the log
     resumed: Resumed | None = None  # where the current attempt went on from (its event, else summary.json's)
+    goodput: Goodput | None = None  # where the billed (a local run: the machine's) time went; None: no machine yet
 
     @property
     def budget(self) -> float | None:
         return number(self.spec.get("budget"))
 
     def cost_text(self) -> str:
-        if self.cost is not None:
-            return self.cost.text()
-        if (free := backends.info(self.record.backend).no_cost) is not None:
-            return f"$0: {free}"
-        acc = self.spec.get("accelerator")
-        title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
-        if title is not None:
-            return f"not estimated: no list price of {title} is known (see its pricing page)"
-        return "unknown: the run's accelerator type is not in this runner's catalog"
+        return self.cost.text() if self.cost is not None else no_price(self.record, self.spec)
 
     def cost_cell(self) -> str:
         """The cost for a table column: '$0.02' ('+': a node still bills), '$0' for a local run, '-' unknown."""
@@ -200,6 +195,8 @@ class RunFacts:
             rows.append(("billing", self.record.still_billing))
         if self.events:
             rows.append(("startup", self.startup.text()))
+        if self.goodput is not None:
+            rows += self.goodput.rows()
         return rows
 
     @property
@@ -213,7 +210,19 @@ class RunFacts:
             "timeline": self.timeline.to_json(),
             "checkpoints": [c.to_json() for c in self.checkpoints],
             "resumed": self.resumed.to_json() if self.resumed is not None else None,
+            "goodput": self.goodput.to_json() if self.goodput is not None else None,
         }
+
+
+def no_price(record: RunRecord, spec: dict[str, Any]) -> str:
+    """Why a run has no dollar figure: '$0: ...' (a backend that bills nothing), 'not estimated: ...', 'unknown'."""
+    if (free := backends.info(record.backend).no_cost) is not None:
+        return f"$0: {free}"
+    acc = spec.get("accelerator")
+    title = unpriced(acc["type"]) if isinstance(acc, dict) and isinstance(acc.get("type"), str) else None
+    if title is not None:
+        return f"not estimated: no list price of {title} is known (see its pricing page)"
+    return "unknown: the run's accelerator type is not in this runner's catalog"
 
 
 def _created_at(record: RunRecord, events: list[Event]) -> float:
@@ -261,6 +270,25 @@ def gather(
     log_progress = None
     if (where_now := keras.progress()) is not None and not snapshot.metrics:
         log_progress = Progress.from_json(where_now)
+    timeline = build_timeline(
+        events,
+        snapshot.metrics,
+        created_at=_created_at(record, events),
+        evaluated=summary is not None and summary.evaluated,
+    )
+    spans = cost.spans if cost is not None else tuple(node_spans(events, now=now))
+    acc = spec.get("accelerator")
+    goodput = None
+    if spans:
+        goodput = compute_goodput(
+            timeline,
+            snapshot.metrics,
+            spans,
+            price,
+            billable=info.bills,
+            no_price=no_price(record, spec),
+            queued=isinstance(acc, dict) and acc.get("provisioning") == "queued",
+        )
     return RunFacts(
         record=record,
         spec=spec,
@@ -268,12 +296,7 @@ def gather(
         snapshot=snapshot,
         cost=cost,
         startup=startup(events, snapshot.metrics, ready=info.ready),
-        timeline=build_timeline(
-            events,
-            snapshot.metrics,
-            created_at=_created_at(record, events),
-            evaluated=summary is not None and summary.evaluated,
-        ),
+        timeline=timeline,
         checkpoints=list_checkpoints(storage, warnings) if checkpoints else [],
         warnings=warnings,
         metrics=metrics,
@@ -281,4 +304,5 @@ def gather(
         summary=summary,
         log_progress=log_progress,
         resumed=resumed,
+        goodput=goodput,
     )

@@ -1,4 +1,5 @@
-"""The report's charts as PNG bytes: the timeline of phases, loss and accuracy per epoch, examples/s.
+"""The report's charts as PNG bytes: the timeline of phases, where the billed time went (goodput), loss and accuracy
+per epoch, examples/s.
 
 matplotlib is imported here only, by `runner report` (and the end of `submit`), through its object API and the Agg
 canvas: no pyplot, no global backend, nothing drawn on a screen. Each chart says how many points each of its series
@@ -13,7 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runner.collect.goodput import Goodput
 from runner.collect.timeline import Marker, Timeline
+from runner.plan.budget import duration, money
 from runner.watch.rundir import number
 
 # (chart id, title, y label, series): the known metrics.jsonl columns, train and validation.
@@ -39,7 +42,27 @@ _PHASE_COLOURS = {
     "final evaluation": "#00897b",
     "after training": "#80cbc4",
     "upload": "#1e88e5",
+    "idle before teardown": "#90a4ae",
     "teardown": "#e53935",
+    "waiting for capacity": "#6d4c41",
+    "data": "#00acc1",
+    "checkpoint save": "#fdd835",
+    "checkpoint restore": "#c0ca33",
+}
+# goodput's causes: productive green, what went before the job warm, the job's own overheads cool, idle grey
+_CAUSE_COLOURS = {
+    "productive": "#43a047",
+    "provisioning": "#ffb300",
+    "image_pull": "#fb8c00",
+    "startup": "#8e24aa",
+    "data": "#00acc1",
+    "checkpoint_restore": "#c0ca33",
+    "checkpoint_save": "#fdd835",
+    "redone": "#e53935",
+    "evaluation": "#00897b",
+    "idle": "#90a4ae",
+    "job": "#607d8b",
+    "unmeasured": "#e0e0e0",
 }
 
 
@@ -171,10 +194,59 @@ def timeline_chart(timeline: Timeline) -> Chart | None:
     return Chart("timeline", "Timeline", png, points, width, height)
 
 
-def charts(timeline: Timeline, rows: Sequence[dict[str, Any]], problems: list[str]) -> list[Chart]:
-    """Every chart this run has data for, timeline first. A chart that cannot be drawn (numbers no axis can hold,
-    from a run directory someone else wrote) is left out and named in `problems`: the page still comes."""
+def _plain(text: str) -> str:
+    """Text as it reads: matplotlib takes what stands between two $ for math."""
+    return text.replace("$", r"\$")
+
+
+def _billed_parts(goodput: Goodput) -> list[tuple[str, str, float]]:
+    """(cause, label, billed seconds) of every cause with billed time, productive first."""
+    return [(c.key, c.label, c.billed_s) for c in goodput.causes if c.billed_s and c.billed_s > 0]
+
+
+def goodput_chart(goodput: Goodput) -> Chart | None:
+    """One stacked bar: the billed time by cause, productive steps first, each in the legend with its time and share
+    (and dollars, where there is a price)."""
+    parts = _billed_parts(goodput)
+    if not parts or goodput.billed_s <= 0:
+        return None
+    fig = _figure(9.0, 1.9 + 0.26 * ((len(parts) + 1) // 2))
+    ax = fig.add_subplot()
+    left = 0.0
+    drawn = 0
+    for key, label, seconds in parts:
+        share = 100 * seconds / goodput.billed_s
+        dollars = f", {money(seconds * goodput.price.per_hour / 3600)}" if goodput.price is not None else ""
+        colour = _CAUSE_COLOURS.get(key, "#607d8b")
+        name = _plain(f"{label}  {duration(seconds)} ({share:.0f}%{dollars})")
+        drawn += len(ax.barh([0], [seconds], left=left, height=0.6, color=colour, edgecolor="white", label=name))
+        if share >= 8:
+            ink = "#212121" if key in ("checkpoint_save", "unmeasured", "idle", "checkpoint_restore") else "white"
+            ax.text(left + seconds / 2, 0, f"{share:.0f}%", ha="center", va="center", fontsize=10, color=ink)
+        left += seconds
+    ax.set_xlim(0, goodput.billed_s)
+    ax.set_ylim(-0.5, 0.5)
+    ax.set_yticks([])
+    what = "billed" if goodput.billable else "of machine time (a local run bills nothing)"
+    ax.set_xlabel(f"seconds {what}" + (" so far" if goodput.open else ""))
+    percent = goodput.percent
+    head = "not measured" if percent is None else f"{percent:.0f}%"
+    if goodput.usd is not None and goodput.billed_usd is not None:
+        head += f", {money(goodput.usd)} of {money(goodput.billed_usd)}"
+    ax.set_title(_plain(f"Where the {'billed' if goodput.billable else 'machine'} time went: goodput {head}"))
+    fig.legend(loc="outside lower center", ncol=2, frameon=False, fontsize=9)
+    png, width, height = _png(fig)
+    return Chart("goodput", "Goodput", png, {"causes": drawn}, width, height)
+
+
+def charts(
+    timeline: Timeline, rows: Sequence[dict[str, Any]], problems: list[str], goodput: Goodput | None = None
+) -> list[Chart]:
+    """Every chart this run has data for, timeline and goodput first. A chart that cannot be drawn (numbers no axis
+    can hold, from a run directory someone else wrote) is left out and named in `problems`: the page still comes."""
     drawers: list[tuple[str, Callable[[], Chart | None]]] = [("timeline", lambda: timeline_chart(timeline))]
+    if goodput is not None:
+        drawers.append(("goodput", lambda: goodput_chart(goodput)))
     for cid, title, ylabel, keys in curve_keys(rows):
         drawers.append((cid, functools.partial(curve_chart, cid, title, ylabel, keys, rows)))
     out = []
@@ -189,13 +261,15 @@ def charts(timeline: Timeline, rows: Sequence[dict[str, Any]], problems: list[st
     return out
 
 
-def planned(timeline: Timeline, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def planned(timeline: Timeline, rows: Sequence[dict[str, Any]], goodput: Goodput | None = None) -> list[dict[str, Any]]:
     """The charts `charts` draws and their points, without drawing them (no matplotlib): for --json."""
     out = []
     if timeline.phases:
         out.append(
             {"id": "timeline", "points": {"phases": len(timeline.phases), "markers": len(shown_markers(timeline))}}
         )
+    if goodput is not None and goodput.billed_s > 0 and (parts := _billed_parts(goodput)):
+        out.append({"id": "goodput", "points": {"causes": len(parts)}})
     for chart_id, _, _, keys in curve_keys(rows):
         points = {k: n for k in keys if (n := len(series(rows, k)[1]))}
         out.append({"id": chart_id, "points": points})

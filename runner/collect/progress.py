@@ -12,23 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.collect.summary import rounded
-from runner.watch.logtext import one_line
+from runner.collect.figures import metrics_text
+from runner.plan.budget import duration
 from runner.watch.rundir import Progress, number
-
-# Keys of a metrics line shown first, in this order; other numbers follow.
-_FIRST = ("loss", "accuracy", "val_loss", "val_accuracy")
-_NOT_METRICS = {"epoch", "time", "step", "global_step", "epoch_time_s", "examples_per_s", "resumed_at_step"}
-
-
-def duration(seconds: float) -> str:
-    """1h 02m, 3m 20s, 45s."""
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
 def _epoch_seconds(metrics: list[dict[str, Any]]) -> float | None:
@@ -53,12 +39,17 @@ class Standing:
 
     def eta_s(self) -> float | None:
         p, per_epoch = self.progress, self.epoch_s
-        if p is None or per_epoch is None or p.epoch is None or p.epochs is None:
+        if p is None or p.epoch is None or p.epochs is None:
             return None
         fraction = 0.0
         if p.step is not None and p.steps_per_epoch:
             fraction = min(1.0, p.step / p.steps_per_epoch)
-        left = max(0.0, (p.epochs - p.epoch) + (1.0 - fraction)) * per_epoch
+        epochs_left = max(0.0, (p.epochs - p.epoch) + (1.0 - fraction))
+        if not epochs_left:
+            return 0.0  # every step done: nothing is left, though epochs too short for Keras' "0s" leave no speed
+        if per_epoch is None:
+            return None
+        left = epochs_left * per_epoch
         if p.time is not None:  # progress.json is a few seconds old: that time has passed already
             left -= max(0.0, self.now - p.time)
         return max(0.0, left)
@@ -83,7 +74,8 @@ class Standing:
         eta = self.eta_s()
         if eta is None:
             return None
-        return f"about {duration(eta)} left  ({self.epoch_s:.1f}s per epoch)"
+        speed = f"  ({self.epoch_s:.1f}s per epoch)" if self.epoch_s is not None else ""
+        return f"about {duration(eta)} left{speed}"
 
     def last_metrics_text(self) -> str | None:
         return metrics_text(self.metrics[-1]) if self.metrics else None
@@ -106,24 +98,6 @@ class Standing:
             "eta_s": None if (eta := self.eta_s()) is None else round(eta, 1),
             "last_metrics": self.metrics[-1] if self.metrics else None,
         }
-
-
-def metrics_text(line: dict[str, Any], limit: int = 8, *, say_more: bool = True) -> str:
-    """One metrics line: 'epoch 2: loss 0.0712, accuracy 0.9781, val_loss 0.0601, val_accuracy 0.9810'."""
-    keys = [k for k in _FIRST if k in line] + [k for k in line if k not in _FIRST and k not in _NOT_METRICS]
-    parts = []
-    for key in keys:
-        value = number(line.get(key))
-        if value is not None:
-            parts.append(f"{one_line(key, 40)} {rounded(value)}")
-    text = ", ".join(parts[:limit])
-    if len(parts) > limit and say_more:
-        text += f", … ({len(parts) - limit} more)"
-    label = "epoch" if line.get("epoch") is not None else "step"
-    position = line.get(label)
-    if position is None:
-        return text or "-"
-    return f"{label} {one_line(position, 20)}" + (f": {text}" if text else "")
 
 
 def standing(progress: Progress | None, metrics: list[dict[str, Any]], now: float | None = None) -> Standing:

@@ -5,8 +5,8 @@ The page shows the spec, the timeline of phases (runner.collect.timeline: eviden
 restarts, loss and accuracy per epoch (train and validation; a command's metrics.jsonl, else the epochs Keras
 printed to its log), examples/s, strategy and devices, final metrics (summary.json, or the summary derived from a
 command's metrics and log), every committed checkpoint under checkpoints/ (each read by its format:
-runner.checkpoints), the startup breakdown and the cost (runner.collect.cost). Tables show numbers rounded; the JSON
-keeps them whole.
+runner.checkpoints), the startup breakdown, the cost (runner.collect.cost) and where the billed time went, with what
+each disruption cost (runner.collect.goodput). Tables show numbers rounded; the JSON keeps them whole.
 Every chart's <img> says in data-points how many points each of its series has; the page carries the report's data
 as JSON in <script id="report-data" type="application/json"> (what `runner report --json` prints).
 
@@ -28,7 +28,7 @@ from typing import Any
 from runner import backends, contract
 from runner.checkpoints.resumed import Resumed
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
-from runner.collect.summary import rounded
+from runner.collect.figures import metrics_text, rounded
 from runner.errors import RunnerError, StorageError, UsageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
@@ -139,8 +139,6 @@ def _when(stamp: Any) -> str:
 
 
 def _final_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
-    from runner.collect.progress import metrics_text
-
     s = data.get("summary") or {}
     rows: list[tuple[str, str]] = []
     test = s.get("test") if isinstance(s.get("test"), dict) else {}
@@ -214,6 +212,71 @@ def _cost_html(data: dict[str, Any]) -> str:
     return _table(rows) + _grid(["node", "READY at", "READY for", "ended by"], nodes, {2})
 
 
+def _waited(cause: dict[str, Any]) -> str:
+    """A cause's time that did not bill: a queued machine's wait for capacity is not measured; a cause that is not
+    measured at all says so once, in its billed column."""
+    if cause["waited_s"] is None:
+        return "not measured" if cause["cause"] == "capacity" else ""
+    return f"{cause['waited_s']:.1f}" if cause["waited_s"] else ""
+
+
+def _shown(cause: dict[str, Any]) -> bool:
+    """A row of the goodput table: a cause that took time, or one not measured (said as such); productive steps
+    always. A measured nought is no row (the JSON keeps every cause)."""
+    took = (cause["billed_s"] or 0.0) >= 0.05 or (cause["waited_s"] or 0.0) >= 0.05
+    return cause["cause"] == "productive" or took or cause["billed_s"] is None or _waited(cause) == "not measured"
+
+
+def _goodput_html(data: dict[str, Any], chart: Any) -> str:
+    g = data.get("goodput")
+    if g is None:
+        return '<p class="muted">no machine time yet</p>'
+    total = g["billed_s"] or 0.0
+    head = "not measured" if g["percent"] is None else f"{g['percent']:.1f}%"
+    if g["usd"] is not None and g["billed_usd"] is not None:
+        head += f" ({money(g['usd'])} of {money(g['billed_usd'])})"
+    elif g["billable"] and g["no_price"]:
+        head += f"; dollars {g['no_price']}"
+    what = "billed" if g["billable"] else "machine time (a local run bills nothing)"
+    parts = [f"<p>goodput {_e(head)} of {_e(duration(total))} {what}{' so far' if g['open'] else ''}</p>"]
+    if chart is not None:
+        parts.append(_chart_html(chart))
+
+    def seconds(value: float | None) -> str:
+        return "not measured" if value is None else f"{value:.1f}"
+
+    rows = [
+        [
+            c["label"] + (f" ({c['steps']} steps)" if c.get("steps") else ""),
+            seconds(c["billed_s"]),
+            "" if c["billed_s"] is None or not total else f"{100 * c['billed_s'] / total:.1f}%",
+            "" if c["usd"] is None else money(c["usd"]),
+            _waited(c),
+            c["note"],
+        ]
+        for c in g["causes"]
+        if _shown(c)
+    ]
+    parts.append(_grid(["cause", "billed (s)", "share", "$", "not billed (s)", "note"], rows, {1, 2, 3, 4}))
+    lost = [
+        [
+            f"{d['kind']} (machine {d['attempt']})",
+            f"{d['at_s']:.1f}",
+            "-" if d["reached_step"] is None else str(d["reached_step"]),
+            "-" if d["resumed_step"] is None else str(d["resumed_step"]),
+            "-" if d["redone_steps"] is None else str(d["redone_steps"]),
+            seconds(d["redone_s"]),
+            f"{d['restart_s']:.1f}",
+            "" if d["usd"] is None else money(d["usd"]),
+        ]
+        for d in g["disruptions"]
+    ]
+    if lost:
+        header = ["disruption", "at (s)", "step reached", "resumed from", "steps redone", "redone (s)", "restart (s)"]
+        parts.append(_grid([*header, "$ lost"], lost, {1, 2, 3, 4, 5, 6, 7}))
+    return "".join(parts)
+
+
 def _startup_html(data: dict[str, Any]) -> str:
     s = data["startup"]
     info = backends.info(data["backend"])
@@ -270,6 +333,8 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
         _table(_final_rows(data)) if _final_rows(data) else '<p class="muted">no summary.json</p>',
         "<h2>Cost</h2>",
         _cost_html(data),
+        "<h2>Goodput: where the billed time went</h2>",
+        _goodput_html(data, by_id.get("goodput")),
         "<h2>Startup</h2>",
         _startup_html(data),
         "<h2>Timeline</h2>",
@@ -287,7 +352,7 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
     else:
         parts.append('<p class="muted">no events with both ends of a phase</p>')
     parts.append("<h2>Training curves</h2>")
-    curves = [c for c in charts if c.id != "timeline"]
+    curves = [c for c in charts if c.id not in ("timeline", "goodput")]
     parts += [_chart_html(c) for c in curves] or ['<p class="muted">no metrics.jsonl rows</p>']
     if data["metrics"]:
         keys = [k for k in data["metrics"][0] if k != "time"][:10]
@@ -338,7 +403,7 @@ def _charts(facts: RunFacts, problems: list[str]) -> list[Any]:
             f"runner report draws its charts with matplotlib, which is not installed ({exc})",
             hint="pip install matplotlib",
         ) from None
-    return plots.charts(facts.timeline, facts.metrics, problems)
+    return plots.charts(facts.timeline, facts.metrics, problems, facts.goodput)
 
 
 def build(
@@ -351,7 +416,7 @@ def build(
     storage = open_storage(record.run_dir)
     facts = facts or gather(record, storage, snapshot=snapshot, checkpoints=True)
     data = report_data(facts, state, storage)
-    data["charts"] = planned(facts.timeline, facts.metrics)
+    data["charts"] = planned(facts.timeline, facts.metrics, facts.goodput)
     return data, facts
 
 

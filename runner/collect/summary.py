@@ -3,18 +3,18 @@
 summary.json is written by the built-in trainer, by user code in any shape it likes, or derived from a command's
 metrics and log (runner.watch.results), so every field is checked before use: a derived one shows the last
 epoch's metrics and the test metrics, one of user code's own shows its top-level values, and a field of the wrong
-type is left out, never a KeyError at the end of a run that succeeded. Numbers are rounded for people here
-(`rounded`); `--json` and summary.json keep them whole.
+type is left out, never a KeyError at the end of a run that succeeded. Numbers are rounded for people
+(runner.collect.figures); `--json` and summary.json keep them whole.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from runner import contract
 from runner.collect.facts import CheckpointInfo, checkpoints_text
+from runner.collect.figures import metrics_text, rounded
 from runner.storage import Storage
 from runner.watch.logtext import one_line
 from runner.watch.rundir import ExitRecord, Snapshot, Summary
@@ -27,25 +27,8 @@ def _join(run_dir: str, key: str) -> str:
     return f"{run_dir.rstrip('/')}/{key}"
 
 
-def rounded(value: Any) -> str:
-    """A number as a table shows it: integers whole, floats to 4 decimals (0.9712, 2.3026), whole from 1000 on
-    (1777), 3 significant digits below 0.001 (1.23e-05). Anything else as one line."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return one_line(value, 100)
-    if isinstance(value, int) or not math.isfinite(value):
-        return str(value)
-    size = abs(value)
-    if size >= 1000:
-        return f"{value:.0f}"
-    if size >= 1e-3 or value == 0:
-        return f"{value:.4f}"
-    return f"{value:.3g}"
-
-
 def _derived_rows(s: Summary) -> list[tuple[str, str]]:
     """A summary derived from the job's metrics.jsonl and Keras' lines in its log (runner.watch.results)."""
-    from runner.collect.progress import metrics_text
-
     rows: list[tuple[str, str]] = []
     test: dict[str, Any] = s.get("test") or {}
     if s.test_accuracy is not None:

@@ -2,25 +2,38 @@
 
     phase             from                                   to
     plan              run.json's created_at                  submitted                     (runner)
-    queue/provision   submitted, or the attempt's provisioning   provisioned (READY)       (runner)
+    waiting for       submitted, or the machine's first      its last provisioning: each   (runner)
+      capacity          provisioning                           zone without capacity
+    queue/provision   submitted, or the machine's (last)     provisioned (READY)           (runner)
+                        provisioning
     boot              provisioned                            bootstrap_started             (the VM's startup script)
     image pull        bootstrap_started                      container_started
     container start   container_started (or provisioned)     job_started                   (the supervisor)
     framework import  job_started                            framework_imported            (the trainer)
     device found      framework_imported                     device_found                  (the trainer)
     first step        device_found / framework_imported      first_step                    (the trainer)
-    start-up          job_started                            epoch 1 began (metrics.jsonl: time - epoch_time_s),
-                                                             when the trainer says none of the three above
-    training          first_step, or the attempt's first epoch's start     its last metrics row
+    start-up          job_started                            first_step, else epoch 1 began (metrics.jsonl:
+                                                             time - epoch_time_s), when the job says no
+                                                             framework_imported (keras_callbacks(), a command)
+    training          first_step, or the attempt's first epoch's start     its last metrics row; an attempt
+                                                             stopped or failed: its worker_exited
     job               job_started                            worker_exited                 (a job with no metrics)
     final evaluation  the last metrics row                   worker_exited                 (the run reports a test
                                                                                            metric: it evaluated)
     after training    the last metrics row                   worker_exited                 (it reports none)
     upload            worker_exited                          container_exited              (the last push, on a VM)
+    idle before       worker_exited (or container_exited)   the delete request, or the runner's preempted
+      teardown
     teardown          teardown/delete/down requested         teardown_done / down_done
+    checkpoint save   an interval event's `seconds` before   checkpoint_saved              (the trainer)
+    checkpoint        it                                     checkpoint_restored           (the supervisor's
+      restore                                                                              download, the trainer's
+                                                                                           verify and load)
+    data                                                     data_loaded                   (the built-in trainer)
 
 A phase whose ends are not both in the evidence is left out, never guessed. Each machine (attempt) gets its own
-phases: a preemption, a silent boot or a retried failure starts the next at its `provisioning` event; preemptions,
+phases: a preemption, a silent boot or a retried failure starts the next at its `provisioning` event (one after a
+create that brought no machine, a zone without capacity, is the same machine asked for again); preemptions,
 restarts and the runner's decisions are markers. The VM's events are by its clock, the runner's by this machine's.
 """
 
@@ -30,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.checkpoints.resumed import EVENT as RESUMED
+from runner.checkpoints.resumed import RESTORED, SAVED, Resumed
 from runner.watch.events import Event
 from runner.watch.rundir import number
 
@@ -37,6 +52,10 @@ from runner.watch.rundir import number
 FRAMEWORK_IMPORTED = "framework_imported"
 DEVICE_FOUND = "device_found"
 FIRST_STEP = "first_step"
+DATA_LOADED = "data_loaded"
+# Events said when something that took their `seconds` ended: each is a phase of its own.
+INTERVALS = {SAVED: "checkpoint save", RESTORED: "checkpoint restore", DATA_LOADED: "data"}
+_REQUESTS = ("teardown_requested", "delete_requested", "down_requested")
 
 _MARKERS = {
     "preempted": "preempted",
@@ -89,6 +108,15 @@ class Timeline:
     phases: list[Phase] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     attempts: int = 0
+    # Beside the phases, for what is measured on them (runner.collect.goodput); not in to_json:
+    starts: tuple[float, ...] = ()  # when each machine after the first was asked for
+    resumes: tuple[tuple[int, float, Resumed], ...] = ()  # (attempt, time, what it said) of each resume
+    sources: frozenset[str] = frozenset()  # who wrote events: runner, bootstrap-N, worker-N, trainer-N
+    queued: bool = False  # a machine was asked for through a queue: its wait for capacity has no event of its end
+
+    def attempt_at(self, time: float) -> int:
+        """The machine (attempt, from 1) a time belongs to."""
+        return 1 + sum(1 for start in self.starts if start <= time)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -106,6 +134,30 @@ def _first(events: Sequence[Event], name: str, source: str | None = None) -> Eve
 def _last(events: Sequence[Event], name: str, source: str | None = None) -> Event | None:
     found = [e for e in events if e.event == name and (source is None or e.source.startswith(source))]
     return found[-1] if found else None
+
+
+def machine_starts(events: Sequence[Event]) -> list[int]:
+    """Where each machine begins in `events` (sorted by time): the runner's first `provisioning`, and each later one
+    once the machine before came up (provisioned) or was taken back while it booted (preempted). A `provisioning`
+    after a create that brought no machine (a zone without capacity, a name taken) asks for the same machine again."""
+    starts: list[int] = []
+    came = True
+    for i, e in enumerate(events):
+        if e.source != "runner":
+            continue
+        if e.event == "provisioning":
+            if came:
+                starts.append(i)
+            came = False
+        elif e.event in ("provisioned", "preempted"):
+            came = True
+    return starts
+
+
+def _queued(event: Event) -> bool:
+    """A provisioning event's machine is asked for through a queue (a queued resource, a flex-start request)."""
+    handle = event.fields.get("handle")
+    return isinstance(handle, dict) and bool(handle.get("queued_resource") or handle.get("resize_request"))
 
 
 def epoch_rows(metrics: Sequence[dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
@@ -134,6 +186,10 @@ def _attempt_phases(
     def at(e: Event | None) -> tuple[float, str] | None:
         return None if e is None else (e.time, e.event)
 
+    asks = [e for e in window if e.event == "provisioning" and e.source == "runner"]
+    if len(asks) > 1:  # zones without capacity before the one that had it
+        add("waiting for capacity", at(start), at(asks[-1]))
+        start = asks[-1]
     provisioned = _first(window, "provisioned", "runner")
     add("queue/provision", at(start), at(provisioned))
     boot = _first(window, "bootstrap_started", "bootstrap")
@@ -149,23 +205,39 @@ def _attempt_phases(
     add("device found", at(imported), at(device))
     add("first step", at(device or imported), at(first_step))
     exited = _first(window, "worker_exited", "worker")
+    stop = exited if exited is not None and exited.fields.get("state") != "succeeded" else None
+    began = None
     if rows:
         began = (rows[0][0], "epoch 1 began (metrics.jsonl)" if rows[0][2].get("epoch") == 1 else "epoch began")
-        if imported is None and first_step is None:
-            add("start-up (import, device, data, model)", at(job), began)
-        add("training", at(first_step) or began, (rows[-1][1], "last epoch ended (metrics.jsonl)"))
-        if exited is not None and exited.fields.get("state") == "succeeded":
+    if imported is None and (first_step is not None or began is not None):
+        add("start-up (import, device, data, model)", at(job), at(first_step) or began)
+    if rows:
+        # An attempt stopped or failed trained on past its last epoch's end, to its stop (and its save).
+        last = (rows[-1][1], "last epoch ended (metrics.jsonl)")
+        add("training", at(first_step) or began, at(stop) if stop is not None and stop.time >= last[0] else last)
+        if exited is not None and stop is None:
             add("final evaluation" if evaluated else "after training", (rows[-1][1], "last epoch ended"), at(exited))
     elif first_step is not None:
         add("training", at(first_step), at(exited))
     else:
         add("job", at(job), at(exited))
     add("upload", at(exited), at(_first(window, "container_exited", "bootstrap")))
-    request = next((e for e in window if e.event in ("teardown_requested", "delete_requested", "down_requested")), None)
+    ended = exited or _first(window, "container_exited", "bootstrap")
+    if ended is not None:
+        after = [e for e in window if e.time >= ended.time]
+        gone = next(
+            (e for e in after if e.event in _REQUESTS or (e.event == "preempted" and e.source == "runner")), None
+        )
+        add("idle before teardown", at(ended), at(gone))
+    request = next((e for e in window if e.event in _REQUESTS), None)
     done = None
     if request is not None:
         done = next((e for e in window if e.event in ("teardown_done", "down_done") and e.time >= request.time), None)
     add("teardown", at(request), at(done))
+    for e in window:
+        seconds = number(e.fields.get("seconds")) if e.event in INTERVALS else None
+        if seconds is not None and 0 <= seconds <= e.time - window[0].time + 1:
+            phases.append(Phase(INTERVALS[e.event], e.time - seconds, e.time, attempt, f"{e.event} ({e.source})"))
     return phases
 
 
@@ -181,7 +253,7 @@ def build_timeline(
     events = sorted(events, key=lambda e: e.time)
     submitted = _first(events, "submitted", "runner")
     origin = submitted.time if submitted else (events[0].time if events else (created_at or 0.0))
-    starts = [i for i, e in enumerate(events) if e.event == "provisioning" and e.source == "runner"]
+    starts = machine_starts(events)
     phases: list[Phase] = []
     if created_at is not None and submitted is not None and submitted.time >= created_at:
         phases.append(Phase("plan", created_at, submitted.time, 1, "run.json created_at -> submitted"))
@@ -197,7 +269,23 @@ def build_timeline(
         phases += _attempt_phases(n + 1, window, in_window, start, evaluated)
     markers = [Marker(e.time, _MARKERS[e.event], e.event) for e in events if e.event in _MARKERS]
     markers += [Marker(events[i].time, f"machine {n + 1}", "provisioning") for n, i in enumerate(starts) if n]
-    return Timeline(origin, phases, sorted(markers, key=lambda m: m.time), len(starts))
+    machines = tuple(events[i].time for i in starts[1:])
+    resumes = []
+    for e in events:
+        if e.event == RESUMED and e.source in ("worker-0", "trainer-0"):
+            said = Resumed.from_json(e.fields)
+            if said is not None:
+                resumes.append((1 + sum(1 for t in machines if t <= e.time), e.time, said))
+    return Timeline(
+        origin,
+        phases,
+        sorted(markers, key=lambda m: m.time),
+        len(starts),
+        starts=machines,
+        resumes=tuple(resumes),
+        sources=frozenset(e.source for e in events),
+        queued=any(_queued(e) for e in events if e.event == "provisioning" and e.source == "runner"),
+    )
 
 
 @dataclass(frozen=True)
@@ -246,7 +334,7 @@ def startup(events: Sequence[Event], metrics: Sequence[dict[str, Any]], *, ready
     if submitted is None:
         return Startup()
     t0 = submitted.time
-    second = [e.time for e in events if e.event == "provisioning" and e.source == "runner"][1:2]
+    second = [events[i].time for i in machine_starts(events)][1:2]
     first_machine = [e for e in events if not second or e.time < second[0]]
 
     def since(name: str, source: str | None = None) -> float | None:

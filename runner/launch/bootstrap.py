@@ -67,6 +67,8 @@ def values(plan: Plan, node_id: str | None = None) -> dict[str, str]:
         "SAFETY_STOP": str(contract.EXIT_SAFETY_STOP),
         "STOP_S": str(stop_timeout_s(plan)),  # docker's stop timeout, and the job's RUNNER_GRACE_S
         "JOB_ENV_B64": base64.b64encode(env_file(plan.env).encode()).decode(),
+        # "NAME AS VERSION" lines: references only; the VM reads the values with its own service account.
+        "SECRETS": "".join(f"{s.name} {s.mode} {s.source}\n" for s in plan.secrets if s.secret_manager),
     }
 
 

@@ -83,8 +83,9 @@ class Found:
 
 def cache_dir() -> Path:
     """$XDG_CACHE_HOME/tpu-runner/containers, else ~/.cache/tpu-runner/containers (beside the data cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpu-runner" / "containers"
+    from runner.datasets import cache_root
+
+    return cache_root() / "containers"
 
 
 def podman_settings(environ: dict[str, str] | None = None) -> dict[str, str]:

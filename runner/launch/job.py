@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from runner import contract
 from runner.launch import code, deps, variants
-from runner.plan.planner import Plan
+from runner.plan.planner import Plan, PlannedSecret
 
 IMAGE_WORKDIR = "/tmp"  # the trainer image's WORKDIR (docker/Dockerfile; a test holds them equal)
 _SHELLS = {"sh", "bash", "dash", "zsh"}
@@ -190,8 +190,16 @@ def env_text(env: dict[str, str], indent: str = "  ") -> list[str]:
     return [f"{indent}{k:<{width}}  {v}" for k, v in sorted(env.items())]
 
 
-def job_text(command: list[str] | None, env: dict[str, str], workdir: tuple[str, str], *, per_worker: str = "") -> str:
-    """The dry run's "Job" section: command, working directory and environment, in plain text."""
+def job_text(
+    command: list[str] | None,
+    env: dict[str, str],
+    workdir: tuple[str, str],
+    *,
+    per_worker: str = "",
+    secrets: tuple[PlannedSecret, ...] = (),
+) -> str:
+    """The dry run's "Job" section: command, working directory, environment and secrets (their references: a
+    value is read only where the job runs), in plain text."""
     shown = shlex.join(command) if command else f"python -m runner.train  (the built-in trainer: {contract.TRAINING})"
     lines = [
         "Job (what runs on each worker)",
@@ -200,7 +208,24 @@ def job_text(command: list[str] | None, env: dict[str, str], workdir: tuple[str,
         "  environment" + (f"  ({per_worker})" if per_worker else ""),
         *env_text(env, "    "),
     ]
+    if secrets:
+        lines.append("  secrets  (references: the values are read where the job runs, and never shown)")
+        lines += env_text({s.name: f"{s.source}  (as {s.mode})" for s in secrets}, "    ")
     return "\n".join(lines)
+
+
+def secret_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The plan's row for each secret: where it is read from, by whom, and how the job gets it."""
+    rows = []
+    for planned in plan.secrets:
+        if plan.cloud is not None:
+            account = plan.spec.accelerator.service_account or "the project's Compute Engine default service account"
+            reader = f"read on the VM as {account}"
+        else:
+            reader = "read with your Google credentials" if planned.secret_manager else "read from this machine"
+        held = "the value" if planned.mode == "env" else "the path of a file with the value, on a tmpfs"
+        rows.append((f"secret {planned.name}", f"{planned.source}  ({reader}; ${planned.name} holds {held})"))
+    return rows
 
 
 def env_row(env: dict[str, str]) -> str:
@@ -220,6 +245,7 @@ def plan_rows(plan: Plan, *, process: bool, cwd: Path | None = None) -> list[tup
         where, why = working_directory(spec.image, process=process, cwd=cwd)
         rows.append(("working dir", f"{where}  ({why})"))
     rows.append(("env", env_row(plan.env)))
+    rows += secret_rows(plan)
     warnings = missing_files(spec.command, spec.image, process=process, cwd=cwd, env=spec.env)
     return rows + dependency_rows(plan, process=process) + [("warning", text) for text in warnings]
 

@@ -28,6 +28,7 @@ CONTAINER='tpu-runner-job'
 SAFETY_STOP='124'
 STOP_S='87'
 JOB_ENV_B64=''
+SECRETS=''
 # --- end values ---
 
 # Endpoints: the real services on a TPU VM; the TPU API emulator points them at itself to rehearse a run.
@@ -113,10 +114,19 @@ now() {
 
 # event NAME [JSON_FIELDS]: append to this worker's own event file and upload it (one writer per object).
 event() {
+  event_line "$@"
+  put_events
+}
+
+# event_line NAME [FIELDS]: the event on this disk only; the next put_events (every event() does one) carries it.
+event_line() {
   local at
   now at
   printf '{"time": %s, "source": "bootstrap-%s", "event": "%s"%s}\n' "$at" "$WORKER" "$1" "${2:+, $2}" \
     >>"${WORKDIR}/events.jsonl"
+}
+
+put_events() {
   put "events/bootstrap-${WORKER}.jsonl" "${WORKDIR}/events.jsonl" || log "could not upload events"
 }
 
@@ -217,6 +227,124 @@ if [ "$SLICES" -gt 1 ]; then
   printf 'RUNNER_TPU_NAME=%s\nRUNNER_HOSTS_PER_SLICE=%s\n' "$NODE" "$HOSTS" >>"${WORKDIR}/job.env"
 fi
 
+# --- secrets ------------------------------------------------------------------------------------------------
+# Each line of SECRETS is "NAME AS VERSION": the job's variable, env or file, and a Secret Manager version. Each is
+# read with this VM's own service account (its token from the metadata server, then Secret Manager's access over
+# REST), its payload checked against its CRC32C, and kept only on a memory file system (tmpfs), readable by root
+# and the job alone; the job gets it by a Docker env file or a read-only mount of the file (at the same path, which
+# NAME then holds). No value goes into an event, a log line, an argument list or a disk; xtrace stays off here.
+SECRETMANAGER_API="${RUNNER_SECRETMANAGER_API:-https://secretmanager.googleapis.com}"
+SECRETS_DIR="${RUNNER_SECRETS_DIR:-/run/tpu-runner-secrets}/${RUN_ID}"
+SECRET_ARGS=()
+
+# crc32c FILE: the CRC32C (Castagnoli) of FILE's bytes, in decimal, as Secret Manager's payload.dataCrc32c.
+crc32c() {
+  local -a table
+  local i j c crc=4294967295 byte
+  for ((i = 0; i < 256; i++)); do
+    c=$i
+    for ((j = 0; j < 8; j++)); do
+      if ((c & 1)); then c=$(((c >> 1) ^ 0x82F63B78)); else c=$((c >> 1)); fi
+    done
+    table[i]=$c
+  done
+  for byte in $(od -An -v -tu1 "$1"); do
+    crc=$((table[(crc ^ byte) & 255] ^ (crc >> 8)))
+  done
+  printf '%s' $((crc ^ 4294967295))
+}
+
+secrets_forget() { rm -rf "$SECRETS_DIR"; }
+
+# secret_failed NAME VERSION WHY: the job cannot start without its secret; say why (never a value), and end.
+secret_failed() {
+  local name_json version_json
+  secrets_forget
+  json_str name_json "$1"
+  json_str version_json "$2"
+  event secret_unreadable "\"secret\": ${name_json}, \"version\": ${version_json}"
+  write_exit failed 78 "secret $1 ($2) could not be read on the VM: $3"
+  finish 78
+}
+
+# fetch_secret NAME AS VERSION: one secret into SECRETS_DIR, and what hands it to the container.
+fetch_secret() {
+  local name="$1" as="$2" version="$3" code message data sum crc lines response="${SECRETS_DIR}/.response"
+  local file="${SECRETS_DIR}/${name}" secret="${3#projects/*/secrets/}" project="${3#projects/}"
+  secret="${secret%%/*}"
+  project="${project%%/*}"
+  code="$(curl -s --retry 5 -o "$response" -w '%{http_code}' -H @"${SECRETS_DIR}/.auth" \
+    "${SECRETMANAGER_API}/v1/${version}:access")"
+  if [ "$code" != 200 ]; then
+    message="$(tr -d '\n' <"$response" 2>/dev/null | sed -n 's/.*"message" *: *"\([^"]*\)".*/\1/p')"
+    rm -f "$response"
+    [ "$code" = 403 ] && message="${message}; to grant it: gcloud secrets add-iam-policy-binding ${secret} \
+--project ${project} --member=serviceAccount:${SECRETS_ACCOUNT} --role=roles/secretmanager.secretAccessor"
+    secret_failed "$name" "$version" "HTTP ${code}: ${message:-no answer from Secret Manager}"
+  fi
+  data="$(tr -d ' \n' <"$response" | sed -n 's/.*"data":"\([A-Za-z0-9+\/=_-]*\)".*/\1/p' | tr '_-' '/+')"
+  sum="$(tr -d ' \n' <"$response" | sed -n 's/.*"dataCrc32c":"\{0,1\}\([0-9]*\).*/\1/p')"
+  rm -f "$response"
+  printf '%s' "$data" | base64 -d >"$file" 2>/dev/null || secret_failed "$name" "$version" "its payload is not base64"
+  crc="$(crc32c "$file")"
+  [ -n "$sum" ] && [ "$crc" = "$sum" ] ||
+    secret_failed "$name" "$version" "its payload does not match its CRC32C (damaged in transit): not used"
+  if [ "$as" = file ]; then
+    if [ -n "$SECRETS_GID" ]; then
+      chgrp "$SECRETS_GID" "$file" && chmod 0440 "$file"
+    fi
+    SECRET_ARGS+=(-v "${file}:${file}:ro")
+    printf '%s=%s\n' "$name" "$file" >>"${SECRETS_DIR}/env"
+    return
+  fi
+  # An environment variable holds one line (the env file has one a line): a final line break is dropped.
+  lines="$(tr -cd '\n' <"$file" | wc -c)"
+  if [ "$(tr -cd '\000' <"$file" | wc -c)" != 0 ] || [ "$lines" -gt 1 ] ||
+    { [ "$lines" = 1 ] && [ -n "$(tail -c 1 "$file")" ]; }; then
+    secret_failed "$name" "$version" "it holds a line break or a NUL, which an environment variable cannot: use as: file"
+  fi
+  { printf '%s=' "$name" && cat "$file" && [ "$lines" = 1 ] || printf '\n'; } >>"${SECRETS_DIR}/env"
+  rm -f "$file"
+}
+
+# fetch_secrets: every secret of SECRETS, before the container starts.
+fetch_secrets() {
+  local base="${SECRETS_DIR%/*}" fs name as version names="" gid=61000 mask
+  [ -n "$SECRETS" ] || return 0
+  { set +x; } 2>/dev/null
+  mask="$(umask)"
+  umask 077
+  mkdir -p "$base"
+  fs="$(stat -f -c %T "$base" 2>/dev/null)"
+  if [ "$fs" != tmpfs ] && [ "$fs" != ramfs ]; then
+    mount -t tmpfs -o size=4m,mode=0700 tmpfs "$base" 2>/dev/null ||
+      secret_failed "${SECRETS%% *}" "-" "no memory file system (tmpfs) at ${base} to keep it in"
+  fi
+  mkdir -p "$SECRETS_DIR"
+  # As root (a real VM), a file secret belongs to a group of its own that only the container joins (--group-add),
+  # whatever user the image runs as; a bootstrap not run as root (the emulator's VMs) keeps it its own.
+  SECRETS_GID=""
+  if [ "$(id -u)" = 0 ]; then
+    while getent group "$gid" >/dev/null; do gid=$((gid + 1)); done
+    SECRETS_GID="$gid"
+  fi
+  SECRETS_ACCOUNT="$(metadata instance/service-accounts/default/email || echo 'the VM service account')"
+  printf 'Authorization: Bearer %s\n' "$(token)" >"${SECRETS_DIR}/.auth"
+  while read -r name as version; do
+    [ -n "$name" ] || continue
+    fetch_secret "$name" "$as" "$version"
+    names+="${names:+, }\"${name}\""
+  done <<<"$SECRETS"
+  rm -f "${SECRETS_DIR}/.auth"
+  SECRET_ARGS+=(--env-file "${SECRETS_DIR}/env")
+  if [ -n "$SECRETS_GID" ] && grep -q ' file ' <<<"$SECRETS"; then
+    SECRET_ARGS+=(--group-add "$SECRETS_GID")
+  fi
+  umask "$mask"
+  event secrets_read "\"secrets\": [${names}]"
+}
+# --- end secrets --------------------------------------------------------------------------------------------
+
 REGISTRY="${IMAGE%%/*}"
 case "$REGISTRY" in
   *-docker.pkg.dev | gcr.io | *.gcr.io)
@@ -241,12 +369,14 @@ if [ -z "$pulled" ]; then
   finish 125
 fi
 
+fetch_secrets
+
 # --privileged: the container opens the TPU chips (/dev/accel*, /dev/vfio); --net=host: the hosts of a pod slice
 # reach each other and the metadata server as the VM does; --stop-timeout: whoever stops the container (this script,
 # or Docker itself as the VM shuts down) gives the job the platform's grace (STOP_S), not Docker's default 10 s.
 event container_started
 docker run --rm --name "$CONTAINER" --privileged --net=host --stop-timeout "$STOP_S" --env-file "${WORKDIR}/job.env" \
-  "$IMAGE" &
+  ${SECRET_ARGS[@]+"${SECRET_ARGS[@]}"} "$IMAGE" &
 child=$!
 
 # The job stops itself at its deadline; if it cannot (hung, its supervisor gone), this backstop stops it 5 minutes
@@ -293,10 +423,13 @@ notice() {
     sleep 1  # a server that answers at once (no wait_for_change) is not asked in a busy loop
   done
   log "instance/$1 is ${value}: stopping the job, with ${STOP_S}s to save"
-  kill -TERM "$$"
   local value_json
   json_str value_json "$value"
-  event "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
+  # On this disk before the stop, whose end kills this watch: container_exited's upload carries it if this one
+  # does not get to.
+  event_line "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
+  kill -TERM "$$"
+  put_events
 }
 notices=()
 set -m
@@ -313,6 +446,7 @@ while kill -0 "$child" 2>/dev/null; do
 done
 kill -- -"$watchdog" 2>/dev/null
 for pid in "${notices[@]}"; do kill -- -"$pid" 2>/dev/null; done
+secrets_forget
 [ -e "${WORKDIR}/watchdog-fired" ] && rc="$SAFETY_STOP"
 event container_exited "\"exit_code\": ${rc}${shutdown:+, \"shutdown\": true}"
 found=0

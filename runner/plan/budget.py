@@ -31,6 +31,8 @@ def money(usd: float) -> str:
 
 def duration(seconds: float) -> str:
     """45s, 12m30s, 3h05m, 24h, 3d04h: short, and exact enough for a plan row or a table."""
+    if seconds <= 0:
+        return "0s"
     if seconds < 10:
         return f"{max(seconds, 0.0):.1f}s"
     s = round(seconds)

@@ -7,7 +7,9 @@ reads the spec file or the user's flags itself.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,9 +20,12 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import deps, variants
 from runner.launch.imageref import ImageRef
+from runner.plan import gcloud
 from runner.plan.budget import RuntimeLimit, duration, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
+from runner.spec.secrets import SecretRef
+from runner.timings import Timings
 
 T = TypeVar("T")
 
@@ -35,6 +40,23 @@ EXAMPLE_PROJECT = "my-project"  # the project the shipped jobs' `image:` names, 
 # stopped as hung after this long without progress, once it reports progress (progress.json, metrics.jsonl): long
 # enough for a large checkpoint's upload or an evaluation that writes nothing meanwhile.
 SLICE_HANG_DEFAULT_S = 1800
+
+
+SECRET_FILE_LIMIT = 64 * 1024  # Secret Manager's own limit on a secret's size
+
+
+@dataclass(frozen=True)
+class PlannedSecret:
+    """One secret of the run: the job's variable, how it holds the secret, and where the secret is read from."""
+
+    name: str
+    mode: str  # "env": the variable holds the value; "file": the path of a file with it
+    ref: SecretRef
+    source: str  # projects/P/secrets/S/versions/V (Secret Manager), env:NAME, or file:<absolute path>
+
+    @property
+    def secret_manager(self) -> bool:
+        return self.ref.kind == "secretmanager"
 
 
 @dataclass(frozen=True)
@@ -52,6 +74,7 @@ class Plan:
     attach: bool = False  # the machine exists already (accelerator.node): never deleted
     cloud: Target | None = None  # where a cloud run goes, as its backend resolved it; None on this machine
     limit: RuntimeLimit | None = None  # how long it may run and why (max_runtime, or what the budget buys)
+    secrets: tuple[PlannedSecret, ...] = ()  # references only: values are read where the job runs
     # Unique to this submit, labelled on what it creates: two runs that end up with the same node name (a retried
     # create, a collision) can tell their own node from the other's.
     nonce: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -92,9 +115,17 @@ def resolve_storage(spec: JobSpec, override: str | None, *, cloud: bool) -> str:
 
 
 def job_env(
-    spec: JobSpec, run_id: str, run_dir: str, *, strategy: str, deadline: float, num_workers: int = 1
+    spec: JobSpec,
+    run_id: str,
+    run_dir: str,
+    *,
+    strategy: str,
+    deadline: float,
+    num_workers: int = 1,
+    timings: Timings | None = None,
 ) -> dict[str, str]:
-    """The environment every worker's container gets: the spec's env, then the contract (which wins)."""
+    """The environment every worker's container gets: the spec's env, then the contract (which wins), with the
+    runner's job cadences (runner.timings) where they are not the container's defaults."""
     env = dict(spec.env)
     env.update(
         {
@@ -121,6 +152,9 @@ def job_env(
         env[contract.COMMAND] = json.dumps(spec.command)
     if own_code(spec) and (requirements := deps.find(Path.cwd())) is not None:
         env[contract.REQUIREMENTS] = requirements.encode()  # a process run installs them; an image holds them
+    if spec.secrets:  # names only: the supervisor redacts what these variables hold
+        env[contract.SECRETS] = json.dumps({name: secret.as_ for name, secret in sorted(spec.secrets.items())})
+    env.update((timings or Timings()).job_env())
     return env
 
 
@@ -165,6 +199,51 @@ def own_code(spec: JobSpec) -> bool:
     return any(ref and ":" in ref and not ref.startswith("gs://") for ref in refs)
 
 
+def plan_secrets(spec: JobSpec, project: str | None, *, local: bool) -> tuple[PlannedSecret, ...]:
+    """Each secret's source, checked as far as this machine can without reading a value: on a cloud machine only
+    Secret Manager can be read; here the variable is set, the file is a readable regular file of at most 64 KiB.
+    PlanError (exit 2) names the first that fails. (Whether Secret Manager grants access is the pre-flight's:
+    runner.backends.secretmanager.)"""
+    planned = []
+    for name, secret in sorted(spec.secrets.items()):
+        ref = secret.reference
+        where = f"secrets.{name}"
+        if ref.kind == "secretmanager":
+            if not ref.project and not project:
+                raise PlanError(
+                    f"{where}: {ref.text} names no project, and the run has none",
+                    hint="write projects/PROJECT/secrets/NAME/versions/latest, or set accelerator.project",
+                )
+            source = ref.version_name(project or "")
+        elif not local:
+            raise PlanError(
+                f"{where}: {ref.text} is this machine's, which a TPU VM cannot read",
+                hint="keep it in Secret Manager and write NAME/versions/latest (the VM reads it with its own "
+                "service account), or run the job here with --local",
+            )
+        elif ref.kind == "env":
+            if not os.environ.get(ref.local):
+                raise PlanError(
+                    f"{where}: ${ref.local} is not set (or empty) in this shell", hint=f"export {ref.local}"
+                )
+            source = ref.text
+        else:
+            path = Path(ref.local).expanduser().absolute()
+            try:
+                info = path.stat()
+                ok = stat.S_ISREG(info.st_mode) and os.access(path, os.R_OK) and info.st_size <= SECRET_FILE_LIMIT
+            except (OSError, RuntimeError):
+                ok = False
+            if not ok:
+                raise PlanError(
+                    f"{where}: {path} is not a readable file of at most {SECRET_FILE_LIMIT // 1024} KiB",
+                    hint="check the path after file: (relative to where `runner submit` runs; ~ is your home)",
+                )
+            source = f"file:{path}"
+        planned.append(PlannedSecret(name, secret.as_, ref, source))
+    return tuple(planned)
+
+
 @dataclass(frozen=True)
 class Continued:
     """The run a plan continues (`runner resume`): its id and run directory stay; everything else is planned anew."""
@@ -185,10 +264,12 @@ def plan_local(
     strategy: str = "auto",
     workers: int = 1,
     continued: Continued | None = None,
+    timings: Timings | None = None,
 ) -> Plan:
     """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
     the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
-    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with."""
+    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with.
+    `timings`: the runner's, whose job cadences the job gets."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
     now = time.time()
@@ -201,11 +282,25 @@ def plan_local(
     deadline = now + spec.teardown.max_runtime
     if workers > 1:
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
-    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers)
+    env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers, timings=timings)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
+    planned = (
+        plan_secrets(spec, spec.accelerator.project or gcloud.default_project(), local=True) if spec.secrets else ()
+    )
     return Plan(
-        spec, spec_path, run_id, "local", storage_url, run_dir, env, now, deadline, num_workers=workers, limit=limit
+        spec,
+        spec_path,
+        run_id,
+        "local",
+        storage_url,
+        run_dir,
+        env,
+        now,
+        deadline,
+        num_workers=workers,
+        limit=limit,
+        secrets=planned,
     )
 
 
@@ -279,6 +374,7 @@ def plan_cloud(
     nonce: str | None = None,
     problems: Problems | None = None,
     continued: Continued | None = None,
+    timings: Timings | None = None,
 ) -> Plan:
     """A run on a cloud machine, whose target `resolve` gives (the chosen backend's: runner.backends.resolver).
     Raises PlanError (exit 2) for anything that would fail after paying: the first problem, or with `problems`
@@ -323,7 +419,7 @@ def plan_cloud(
     # Worker ids are global across the slices of a multislice: slice s, host h is worker s * hosts + h.
     workers = target.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
-    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers)
+    env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers, timings=timings)
     if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
         env[contract.TPU_NAME] = target.machine_id if target.accelerator.multi_host else "local"
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled
@@ -334,7 +430,9 @@ def plan_cloud(
     if target.trainer_workers == "0":
         env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
-        env["TF_USE_LEGACY_KERAS"] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
+        env[contract.LEGACY_KERAS] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
+    no_secrets: tuple[PlannedSecret, ...] = ()
+    planned = check(lambda: plan_secrets(spec, target.project, local=False), no_secrets)
     return Plan(
         spec,
         spec_path,
@@ -349,5 +447,6 @@ def plan_cloud(
         attach=target.attach,
         cloud=target,
         limit=limit,
+        secrets=planned,
         **({"nonce": nonce} if nonce else {}),
     )

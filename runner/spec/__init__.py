@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
+from runner.spec.secrets import SecretSpec, map_schema, secrets_map
 from runner.storage import GCS_RE
 
 # A node id and a label value must both accept "<name>-<run suffix>"; 40 characters leaves room for the suffix.
@@ -382,6 +383,17 @@ def _env_value(text: str) -> str:
 
 
 EnvValue = Annotated[str, AfterValidator(_env_value)]
+T = TypeVar("T")
+
+
+def _variable_names(value: dict[str, T]) -> dict[str, T]:
+    """The keys of `env` and `secrets`: environment variable names, none of the runner's own."""
+    for key in value:
+        if not ENV_KEY_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if key.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are set by the runner")
+    return value
 
 
 class JobSpec(_Model):
@@ -405,7 +417,17 @@ class JobSpec(_Model):
         description="For a `command`: when keras_callbacks() saves and how many checkpoints are kept and restored "
         "(default every epoch, 2 kept). The built-in trainer's are in `training`.",
     )
-    env: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment variables for the job.")
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict, description="Extra environment variables for the job (plain text: no secrets)."
+    )
+    secrets: dict[str, SecretSpec] = Field(
+        default_factory=dict,
+        description="The job's secrets by environment variable name, each a reference to where it is kept (a Secret "
+        "Manager version, read on the TPU VM with the VM's service account; for --local runs also env:VARIABLE or "
+        "file:PATH of this machine), never the value: `WANDB_API_KEY: wandb/versions/latest`, or "
+        "`{ref: ..., as: file}` for a file. Values are replaced in the job's logs.",
+        json_schema_extra=map_schema,
+    )
     storage: str = Field(
         ".",
         description="Where run directories (<storage>/runs/<run-id>) go: gs://BUCKET/PREFIX, or a local path "
@@ -459,12 +481,14 @@ class JobSpec(_Model):
     @field_validator("env")
     @classmethod
     def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not ENV_KEY_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are set by the runner")
-        return value
+        return _variable_names(value)
+
+    _secrets_map = field_validator("secrets", mode="before")(secrets_map)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_keys(cls, value: dict[str, SecretSpec]) -> dict[str, SecretSpec]:
+        return _variable_names(value)
 
     @field_validator("storage")
     @classmethod
@@ -473,6 +497,8 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _one_workload(self) -> JobSpec:
+        if both := sorted(set(self.env) & set(self.secrets)):
+            raise ValueError(f"{', '.join(both)}: in both `env` and `secrets`; a variable is one or the other")
         if self.training is not None and self.command is not None:
             raise ValueError("give either `training` (built-in trainer) or `command` (your own), not both")
         if self.training is None and self.command is None:

@@ -139,9 +139,12 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     """The pydantic model that describes the mapping at `loc`, walking JobSpec's field annotations."""
     model: Any = JobSpec
     for part in loc:
+        if typing.get_origin(model) is dict:  # a map of models (secrets): any key holds its value type
+            model = typing.get_args(model)[1]
+            continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or not isinstance(part, str):
             return None
-        field = model.model_fields.get(part)
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
         if field is None:
             return None
         model = _unwrap(field.annotation)
@@ -184,7 +187,7 @@ def _describe(error: Any, loc: Loc) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
-        known = list(model.model_fields) if model else []
+        known = [f.alias or name for name, f in model.model_fields.items()] if model else []
         key = str(loc[-1])
         # 'lr' -> learning_rate: an abbreviation by initials is as likely a typo as a misspelling.
         initials = [k for k in known if "_" in k and "".join(w[0] for w in k.split("_")) == key.lower()]
@@ -337,4 +340,4 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
 
 def dump_spec(spec: JobSpec) -> str:
     """The resolved spec as YAML (every default filled in), as written to the run directory."""
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -15,7 +15,6 @@ TensorFlow import here: under Keras 3, tf.keras.callbacks.Callback is keras.call
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.metrics import PROGRESS_EVERY_S, Every, chosen_keras, metrics_row, write_progress
 from runner.storage.local import write_atomic
 from runner.train.agreement import Agreement
 from runner.train.checkpoints import (
@@ -37,25 +37,11 @@ from runner.train.checkpoints import (
 from runner.train.tbevents import EventFile
 from runner.watch import rundir
 
-
-def _chosen_keras() -> Any:
-    """The Keras the trainer chose (it sets the variables before importing this module)."""
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")
-    if legacy and os.environ.get("KERAS_BACKEND") != "jax":
-        import tf_keras
-
-        return tf_keras
-    import keras
-
-    return keras
-
-
-keras = _chosen_keras()
+keras = chosen_keras()  # the trainer sets the variables that choose it before importing this module
 # The base class, as Any: mypy cannot see which Keras was chosen at import.
 _Callback: Any = keras.callbacks.Callback
 
-PRINT_EVERY_S = 5.0  # progress lines in the log
-PROGRESS_EVERY_S = 2.0  # progress.json, which hang detection reads
+PRINT_EVERY_S = 5.0  # progress lines in the log (progress.json: metrics.PROGRESS_EVERY_S)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -188,8 +174,10 @@ class Cursor(_Callback):
 
 
 class EpochMetrics(_Callback):
-    """One JSON line per epoch in metrics.jsonl: Keras' logs, epoch time and examples/s. An interrupted epoch
-    writes none; the resumed rest of one writes its line at its real end, with "resumed_at_step"."""
+    """One JSON line per epoch in metrics.jsonl (runner.metrics' line: Keras' logs, epoch time and examples/s). An
+    interrupted epoch writes none; the resumed rest of one writes its line at its real end, with "resumed_at_step".
+    The file is rewritten whole, not appended to: a run resumed from an older checkpoint drops the lines of the
+    epochs it trains again."""
 
     def __init__(self, path: Path, cursor: Cursor, global_batch: int | None) -> None:
         super().__init__()
@@ -210,12 +198,13 @@ class EpochMetrics(_Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         seconds = time.perf_counter() - self._t0
         trained = self.cursor.steps - self.cursor.start
-        row = {"epoch": epoch + 1, **_floats(logs), "epoch_time_s": round(seconds, 3)}
+        row: dict[str, Any] = {"epoch": epoch + 1, **_floats(logs), "epoch_time_s": round(seconds, 3)}
         if self.batch:  # unknown for a user's dataset of its own batching
             row["examples_per_s"] = round(trained * self.batch / seconds, 1)
-        row.update(global_step=self.cursor.global_step, time=round(time.time(), 3))
+        row["global_step"] = self.cursor.global_step
         if self.cursor.start:
             row["resumed_at_step"] = self.cursor.start
+        row = metrics_row(**row)
         self.rows = [r for r in self.rows if r.get("epoch") != epoch + 1] + [row]
         self._write()
 
@@ -237,15 +226,15 @@ class Progress(_Callback):
         super().__init__()
         self.cursor, self.batch, self.file, self.clock = cursor, global_batch, progress_file, clock
         self.printing = printing and global_batch is not None  # a user's fit prints Keras' own lines
-        self._t0 = self._printed = self._written = 0.0
+        self._t0 = 0.0
         self._first = False
+        self._progress, self._print = Every(PROGRESS_EVERY_S, clock), Every(PRINT_EVERY_S, clock)
 
     def write(self, validation_step: int | None = None, phase: str | None = None) -> None:
         if self.file is None:
             return
         c = self.cursor
         state = rundir.Progress(
-            time=round(time.time(), 3),
             epoch=c.epoch + 1,
             epochs=c.epochs,
             step=c.step,
@@ -254,8 +243,8 @@ class Progress(_Callback):
             phase=phase or ("train" if validation_step is None else "validate"),
             validation_step=validation_step,
         )
-        write_atomic(self.file, json.dumps(state.to_json()).encode())
-        self._written = self.clock()
+        write_progress(self.file, **state.to_json())
+        self._progress.start()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.write()
@@ -266,19 +255,19 @@ class Progress(_Callback):
         self.write(phase=rundir.TRAINING_DONE)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._t0 = self._printed = self.clock()
+        self._t0 = self.clock()
+        self._print.start()
         self._first = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.cursor.advanced:
             return  # a step skipped to reach a resumed position: nothing trained
-        t = self.clock()
-        if self._first or t - self._written >= PROGRESS_EVERY_S:
+        if self._first or self._progress.due():
             self._first = False
             self.write()
-        if not self.printing or t - self._printed < PRINT_EVERY_S:
+        if not self.printing or not self._print.due():
             return
-        self._printed = t
+        t = self.clock()
         c = self.cursor
         filled = int(30 * c.step / c.steps)
         bar = "=" * max(filled - 1, 0) + (">" if filled < 30 else "=") + "." * (30 - filled)
@@ -286,7 +275,7 @@ class Progress(_Callback):
         print(f"Epoch {c.epoch + 1}/{c.epochs} {c.step}/{c.steps} [{bar}] {_fmt(logs)} - {rate:.0f} ex/s", flush=True)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.clock() - self._written >= PROGRESS_EVERY_S:
+        if self._progress.due():
             self.write(validation_step=batch + 1)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -325,9 +314,11 @@ class Checkpointer(_Callback):
         framework: str = "tensorflow",
         agreement: Agreement | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        on_saved: Callable[[Checkpoint, float], None] = lambda entry, seconds: None,
     ) -> None:
         super().__init__()
         self.store, self.cursor, self.policy, self.stop = store, cursor, policy, stop
+        self.on_saved = on_saved  # each save published, with the seconds it took (the run's goodput)
         self.keras_impl, self.data, self.framework = keras_impl, data, framework
         self.agreement = agreement
         self.on_stop = on_stop  # before TrainingInterrupted leaves fit: what on_train_end would have closed
@@ -335,6 +326,7 @@ class Checkpointer(_Callback):
         self.newest = saved_at  # the checkpoint holding the newest saved position (the resume point at first)
 
     def save(self) -> Checkpoint:
+        t0 = time.monotonic()
         epochs_done, step = self.cursor.position
         name = checkpoint_name(epochs_done, step)
         tmp = self.store.temp_path(name)
@@ -350,6 +342,7 @@ class Checkpointer(_Callback):
         )
         self.newest = self.store.publish(tmp, entry)
         self.policy.saved()
+        self.on_saved(self.newest, time.monotonic() - t0)
         return self.newest
 
     def _saved_here(self) -> bool:
@@ -425,6 +418,30 @@ class ScalarBoard(_Callback):
         """Every record is flushed as it is written; this only lets go of the files."""
         self.train.close()
         self.validation.close()
+
+
+def epoch_board(directory: Path) -> Any:
+    """Keras' own TensorBoard callback, writing epoch scalars only (train/ and validation/, epoch_loss, ...).
+
+    Its batch hooks are Keras' no-op ones: Keras 3's write a tf.summary.scalar of every log after every batch even
+    with update_freq="epoch" (nothing reaches a file without a batch writer, but the tensor conversions measured
+    0.3-0.5 ms a step, a sixth of the Dense guide's 3 ms step), and a callback with batch hooks of its own keeps
+    Keras from dispatching batch ends off the training thread."""
+
+    board: Any = keras.callbacks.TensorBoard
+
+    class EpochBoard(board):
+        on_train_batch_begin = _Callback.on_train_batch_begin
+        on_train_batch_end = _Callback.on_train_batch_end
+        on_test_batch_begin = _Callback.on_test_batch_begin
+        on_test_batch_end = _Callback.on_test_batch_end
+
+    return EpochBoard(str(directory), update_freq="epoch", profile_batch=0, write_graph=False)
+
+
+def implementing(callbacks: list[Any], hook: str) -> list[Any]:
+    """The callbacks whose `hook` does something (is not Keras' base no-op): the ones worth calling per batch."""
+    return [c for c in callbacks if getattr(type(c), hook, None) is not getattr(_Callback, hook)]
 
 
 def _fmt(logs: dict[str, Any] | None) -> str:

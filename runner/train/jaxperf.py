@@ -1,6 +1,7 @@
 """How the JAX engine runs fast on the device it finds: precision and steps per execution (XLA is not a choice).
 
-perf.py makes these choices for TensorFlow; JAX needs its own, because the same lever pulls differently:
+perf.py makes these choices for TensorFlow; JAX shares its tables (choices.py) and the CPU's description (cpu.py),
+and decides its CPU's own precision, because the same lever pulls differently:
 
   * XLA: JAX compiles every step function with XLA, on every device (Keras 3 resolves jit_compile "auto" to True
     on JAX; False would run each op eagerly). Nothing to choose; a restored model gets it back on (a TensorFlow
@@ -9,25 +10,31 @@ perf.py makes these choices for TensorFlow; JAX needs its own, because the same 
     AVX512-BF16 (Keras 3.15.1, JAX 0.10.2) with `scripts/bench_jax_choices.py` (docs/bench.md has the numbers).
     Unlike TensorFlow's oneDNN kernels, XLA's CPU backend gained nothing from bfloat16 there, so there is no
     start-up calibration on JAX: float32 on every CPU.
-  * TPU and GPU: the same table as TensorFlow's, unmeasured here: bfloat16 on TPU (the MXU's native input type,
-    Cloud TPU docs), float16 on GPUs of compute capability 7.0+ (tensor cores, Keras mixed-precision guide), and
-    many steps per call on TPU (Cloud TPU performance guide: a host round trip costs more than an MNIST step).
+  * Compiling: each run's step functions are compiled by XLA before the first step (seconds on a CPU). JAX's
+    persistent compilation cache keeps them in the start-up cache (startcache.py), keyed by JAX itself by the
+    program, the device and the JAX build, so a later run on this machine loads them instead (compile_cache).
+  * TPU and GPU: the tables both engines share (choices.py): bfloat16 on TPU, float16 on GPUs of compute
+    capability 7.0+, many steps per call on TPU; unmeasured here.
 
 No JAX import here: the device comes in as an argument.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from runner.train import perf
+from runner.train import choices, cpu, startcache
 
 # mnist_cnn at batch 1024 through the engine's feed and fit, the variants taking turns, 6 rounds of 4 steps
 # (`scripts/bench_jax_choices.py`, 2026-12-03; a shared machine, float32 steps took 1.8-3.5 s):
 CPU_BF16_RATIO = "0.87x"  # mixed_bfloat16 over float32, examples/s: XLA's CPU backend does not gain from bf16
 CPU_STEPS_RATIO = "1.03x"  # steps_per_execution 4 over 1: noise; a CPU step is long next to Python's overhead
-TPU_STEPS = 50
+# Programs that compile faster than this are not worth a file (JAX's default is 1 s, which left the eval step out).
+CACHE_MIN_COMPILE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -62,22 +69,12 @@ def gpu_capability(device: Any) -> tuple[int, int] | None:
 def precision(
     kind: str, flags: frozenset[str], capability: tuple[int, int] | None, requested: str
 ) -> tuple[str, str, str]:
-    """(policy, reason, source)."""
-    if requested != "auto":
-        if requested not in perf.PRECISIONS:
-            raise ValueError(f"precision {requested!r}: use auto or one of {', '.join(perf.PRECISIONS)}")
-        return requested, "requested", "requested"
-    if kind == "tpu":
-        return "mixed_bfloat16", "TPU: bfloat16 is the MXU's type", "table"
-    if kind == "gpu":
-        why = f"compute capability {capability[0]}.{capability[1]}" if capability else "compute capability unknown"
-        return ("mixed_float16" if capability and capability >= (7, 0) else "float32"), f"GPU, {why}", "table"
-    native = "native bfloat16" if perf.has_native_bf16(flags) else "no native bfloat16"
+    """(policy, reason, source): the shared table's on a TPU or GPU, or when one is requested; float32 on a CPU."""
+    table = choices.device_precision(kind, capability, requested)
+    if table is not None:
+        return table.policy, table.reason, table.source
+    native = "native bfloat16" if cpu.has_native_bf16(flags) else "no native bfloat16"
     return "float32", f"CPU ({native}): mixed_bfloat16 measured {CPU_BF16_RATIO} on the Zen 4 under XLA", "table"
-
-
-def steps_per_execution(kind: str, steps_per_epoch: int) -> int:
-    return max(1, min(steps_per_epoch, TPU_STEPS)) if kind == "tpu" else 1
 
 
 def plan_for(
@@ -89,16 +86,56 @@ def plan_for(
     requested_steps: int | None = None,
     cpuinfo: str | None = None,
 ) -> JaxPerfPlan:
-    text = perf.read_cpuinfo() if cpuinfo is None else cpuinfo
-    flags = perf.cpu_flags(text)
+    machine = cpu.detect(cpuinfo)
     capability = gpu_capability(device) if kind == "gpu" and device is not None else None
-    policy, reason, source = precision(kind, flags, capability, requested_precision)
+    policy, reason, source = precision(kind, machine.flags, capability, requested_precision)
     return JaxPerfPlan(
         kind=kind,
         precision=policy,
-        steps_per_execution=requested_steps or steps_per_execution(kind, steps_per_epoch),
-        cpu=perf.cpu_model(text),
-        native_bf16=perf.has_native_bf16(flags),
+        steps_per_execution=requested_steps or choices.steps_per_execution(kind, steps_per_epoch),
+        cpu=machine.model,
+        native_bf16=machine.native_bf16,
         precision_reason=reason,
         precision_source=source,
     )
+
+
+def compile_cache(root: Path | None = None) -> Path | None:
+    """Point JAX's persistent compilation cache at the start-up cache (`root`, else startcache.cache_dir()). JAX
+    decides at its first compile whether a process uses the cache, and Keras compiles small programs as it starts,
+    so this sets JAX's variables before JAX is imported (its configuration, when it already is). None, and JAX's
+    own default, when the user chose a directory (JAX_COMPILATION_CACHE_DIR) or this one cannot be written."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    directory = (root or startcache.cache_dir()) / "jax"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    if not os.access(directory, os.W_OK):
+        return None
+    settings: dict[str, Any] = {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": CACHE_MIN_COMPILE_S,
+    }
+    for name, value in settings.items():
+        os.environ.setdefault(name.upper(), str(value))
+    if "jax" in sys.modules:
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    return directory
+
+
+def say_cache_hits(jax: Any, directory: Path) -> None:
+    """Say in the log, once, when a compiled program is loaded from the start-up cache instead of compiled."""
+    said = False
+
+    def on_event(event: str, **_: Any) -> None:
+        nonlocal said
+        if event == "/jax/compilation_cache/cache_hits" and not said:
+            said = True
+            print(f"[trainer] compiled programs are loaded from the start-up cache ({directory})", flush=True)
+
+    jax.monitoring.register_event_listener(on_event)

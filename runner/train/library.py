@@ -116,11 +116,14 @@ def contract_callbacks(
     clock: Callable[[], float],
     tensorboard: bool = True,
     printing: bool = True,
+    milestones: Any = None,
 ) -> list[Any]:
     """The callbacks of the run-directory contract, for both doors (the built-in trainer and keras_callbacks):
-    position, metrics, progress, TensorBoard, checkpoints. A process that does not write the run directory (not the
-    chief) keeps the position, stops where the others do and saves where the chief does, to a scratch directory
-    (its store); it writes no files of the run."""
+    position, metrics, progress, TensorBoard, checkpoints (each save, with what it took, among `milestones`' events:
+    runner.train.milestones). A process that does not write the run directory (not the chief) keeps the position,
+    stops where the others do and saves where the chief does, to a scratch directory (its store); it writes no files
+    of the run."""
+    from runner.checkpoints.resumed import SAVED
     from runner.train import callbacks as cb
 
     boards: list[Any] = []
@@ -150,15 +153,18 @@ def contract_callbacks(
         agreement=agreement,
         on_stop=on_stop,
     )
+    if chief and milestones is not None:
+
+        def saved(entry: Any, seconds: float) -> None:
+            where = f"{contract.CHECKPOINTS}/{entry.file}"
+            milestones.emit(SAVED, seconds=round(seconds, 3), step=entry.global_step, checkpoint=where)
+
+        checkpointer.on_saved = saved
     if not chief:
         return [cursor, progress, checkpointer]
     if tensorboard:
         if framework == "tensorflow":
-            boards.append(
-                keras.callbacks.TensorBoard(
-                    str(ctx.tensorboard_dir), update_freq="epoch", profile_batch=0, write_graph=False
-                )
-            )
+            boards.append(cb.epoch_board(ctx.tensorboard_dir))
         else:  # keras' TensorBoard writes through TensorFlow, which a JAX process does not import
             boards.append(cb.ScalarBoard(ctx.tensorboard_dir))
     return [
@@ -195,7 +201,7 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
     """One Keras callback that, at on_train_begin, resumes the fit and then hands every hook to the contract's
     callbacks, which need what fit knows only then (steps per epoch, the model's strategy)."""
     from runner.checkpoints.resumed import EVENT as RESUMED
-    from runner.checkpoints.resumed import furthest_step
+    from runner.checkpoints.resumed import RESTORED, furthest_step
     from runner.train import seams
     from runner.train.milestones import Milestones
     from runner.train.restore import TrainerError, restore_into
@@ -209,6 +215,8 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             super().__init__()
             self.stop = cb.StopSignal()
             self.inner: list[Any] = []
+            self.batch_end: list[Any] = []
+            self.test_batch_end: list[Any] = []
             self.undo: Callable[[], None] = lambda: None
             self.checkpointer: Any = None
 
@@ -223,12 +231,17 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             order = DataOrder(
                 settings.seed, 0, data.batch_size or 0, steps, shuffle=f"{impl}/{framework}: {data.describe()}"
             )
+            milestones = Milestones(ctx) if chief else None
+            t0 = time.monotonic()
             chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
             try:
                 with _scope(model):
                     resumed = restore_into(model, chooser, chooser.next_verified(), impl, framework, _say)
             except TrainerError as exc:  # a checkpoint that must not be skipped and cannot be loaded: stop here
                 _fail(str(exc))
+            if milestones is not None and chooser.found_any:
+                loaded = f"{contract.CHECKPOINTS}/{resumed.name}" if resumed else None
+                milestones.took(RESTORED, t0, stage="verify and load", checkpoint=loaded)
             start = start_from(
                 resumed,
                 steps=steps,
@@ -245,8 +258,11 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 _say(f"[runner] {replay.why}: epoch {position[0] + 1} goes on from step {position[1]} on other batches")
             elif not replay.exact:
                 start = start.restart_epoch(_say, f"[runner] {replay.why}")
-            if chief and (said := start.announce(furthest_step(ctx.output_dir), _say, "[runner]")) is not None:
-                Milestones(ctx).emit(RESUMED, **said.to_json())
+            if (
+                milestones is not None
+                and (said := start.announce(furthest_step(ctx.output_dir), _say, "[runner]")) is not None
+            ):
+                milestones.emit(RESUMED, **said.to_json())
             chunk = getattr(model, "steps_per_execution", 1) or 1  # tf_keras: a variable
             chunk = int(chunk.numpy()) if hasattr(chunk, "numpy") else int(chunk)
             self.undo = seams.continue_at(model, keras, replay, chunk)
@@ -272,8 +288,14 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 clock=time.monotonic,
                 tensorboard=tensorboard,
                 printing=False,
+                milestones=milestones,
             )
             self.checkpointer = self.inner[-1]
+            if milestones is not None:  # the start-up is the job's own: the first step that trains ends it
+                self.inner.append(milestones.first_step_callback(keras, cursor))
+            # Per batch, only the callbacks that do something then: a step of the guide's Dense model takes 3 ms.
+            self.batch_end = cb.implementing(self.inner, "on_train_batch_end")
+            self.test_batch_end = cb.implementing(self.inner, "on_test_batch_end")
             for callback in self.inner:
                 callback.set_model(model)
                 callback.set_params(params)
@@ -290,17 +312,16 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self._each("on_epoch_end", epoch, logs)
 
-        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_train_batch_begin", batch, logs)
-
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_train_batch_end", batch, logs)
+            for callback in self.batch_end:
+                callback.on_train_batch_end(batch, logs)
 
         def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
             self._each("on_test_begin", logs)
 
         def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._each("on_test_batch_end", batch, logs)
+            for callback in self.test_batch_end:
+                callback.on_test_batch_end(batch, logs)
 
         def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             self._each("on_test_end", logs)

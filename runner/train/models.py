@@ -62,7 +62,7 @@ def mnist_mlp(keras: Any, input_shape: tuple[int, ...] = INPUT_SHAPE, num_classe
 
 
 MODELS = {"mnist_cnn": mnist_cnn, "mnist_mlp": mnist_mlp}
-# The models with Dropout layers (a test holds this to what the builders build): perf.py times the fused dropout
+# The models with Dropout layers (a test holds this to what the builders build): calibration.py times the fused dropout
 # kernel for these only, without building a model to find out.
 DROPOUT_MODELS = frozenset({"mnist_cnn"})
 # What each built-in model takes: the CNN images (height, width[, channels]) of at least 4 x 4 (two 2 x 2

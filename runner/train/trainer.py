@@ -29,12 +29,12 @@ from typing import Any
 
 from runner import contract
 from runner.checkpoints.resumed import EVENT as RESUMED
-from runner.checkpoints.resumed import Resumed, furthest_step
+from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step
 from runner.spec import TrainingSpec
-from runner.train import perf
+from runner.train import choices
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
-from runner.train.milestones import DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
+from runner.train.milestones import DATA_LOADED, DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
 from runner.train.restore import TrainerError, restore_into
 from runner.train.resume import start_from
 from runner.watch.rundir import Summary
@@ -93,8 +93,8 @@ def one_choice(plan: Any, framework: str, resolved: Any, chief: bool) -> Any:
     if shared is None:
         return plan
     reduce_sum, _processes, copies = shared
-    chosen = agreement.broadcast(perf.run_choices(plan), reduce_sum, chief, copies)
-    return plan if chief else perf.adopt_choices(plan, chosen)
+    chosen = agreement.broadcast(choices.run_choices(plan), reduce_sum, chief, copies)
+    return plan if chief else choices.adopt_choices(plan, chosen)
 
 
 def compile_model(model: Any, cfg: TrainingSpec, keras: Any, plan: Any, labels: str) -> None:
@@ -135,8 +135,11 @@ def prepare(
     t_start = time.time()
     engine = engine_for(cfg.framework)
     # Which checkpoint to resume from decides which Keras to import: choose before the framework is imported.
+    t0 = time.monotonic()
     chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
     first = chooser.next_verified()
+    if milestones is not None and ctx.is_chief and chooser.found_any:
+        milestones.took(RESTORED, t0, stage="verify", checkpoint=_where(first))
     keras = engine.start(cfg, first.keras if first else None)
     versions = engine.versions()
     if milestones is not None:
@@ -148,6 +151,7 @@ def prepare(
     replicas = resolved.replicas
     if cfg.batch_size % replicas:
         raise TrainerError(f"batch_size {cfg.batch_size} is not divisible by the {replicas} replicas")
+    t0 = time.monotonic()
     try:
         data = data_inputs.load(cfg.data, cfg.model, cfg.max_train_examples, cfg.max_test_examples, keras)
     except DatasetError as exc:
@@ -158,6 +162,8 @@ def prepare(
         raise TrainerError(f"batch_size {cfg.batch_size} is larger than the {len(data.x_train)} training examples")
     train_data, test_ds = engine.feeds(data, cfg, resolved)
     steps = steps or train_data.steps
+    if milestones is not None and chief:
+        milestones.took(DATA_LOADED, t0, dataset=data.source, train_examples=data.train_examples)
     _say(f"[trainer] data: {_describe_data(data, cfg, replicas, steps)}")
     try:
         # Only the chief times the variants, for arrays of its model: the run's choice is one (one_choice).
@@ -181,7 +187,10 @@ def prepare(
         data_inputs.check_model(model, cfg.model, data)
         compile_model(model, cfg, keras, plan, data.labels)
         engine.after_build(model, plan)
+        t0 = time.monotonic()
         resumed = restore_into(model, chooser, first, engine.keras_impl, engine.framework, _say)
+    if milestones is not None and chief and first is not None:
+        milestones.took(RESTORED, t0, stage="load", checkpoint=_where(resumed))
     start = start_from(
         resumed,
         steps=steps,
@@ -246,10 +255,12 @@ def _describe_data(data: Any, cfg: TrainingSpec, replicas: int, steps: int) -> s
     )
 
 
-def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -> tuple[list[Any], Any]:
+def make_callbacks(
+    run: Prepared, clock: Callable[[], float] = time.monotonic, milestones: Milestones | None = None
+) -> tuple[list[Any], Any]:
     """The contract's callbacks (runner.train.library.contract_callbacks: the same as a user's fit gets) and the
     StopSignal, which notes SIGTERM and SIGINT from here on. `clock` times checkpoint_every durations and progress
-    (tests inject it)."""
+    (tests inject it); `milestones` records each save (the trainer's own run)."""
     from runner.train import agreement
     from runner.train import callbacks as cb
     from runner.train.checkpoints import CheckpointPolicy
@@ -272,6 +283,7 @@ def make_callbacks(run: Prepared, clock: Callable[[], float] = time.monotonic) -
         chief=run.chief,
         global_batch=cfg.batch_size,
         clock=clock,
+        milestones=milestones,
     )
     _find(callbacks, cb.Checkpointer).set_model(run.model)  # a stop between two fits saves before any fit set it
     return callbacks, stop
@@ -373,7 +385,7 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
     # Only now: the callbacks' base class is the Keras that prepare() chose (tf_keras, or Keras 3 on an engine).
     from runner.train.callbacks import Checkpointer, TrainingInterrupted
 
-    callbacks, stop = make_callbacks(run)
+    callbacks, stop = make_callbacks(run, milestones=milestones)
     callbacks.append(milestones.first_step_callback(run.keras))
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
         fit(run, callbacks, cfg.epochs)
@@ -392,6 +404,10 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
 
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+def _where(candidate: Candidate | None) -> str | None:
+    return f"{contract.CHECKPOINTS}/{candidate.name}" if candidate is not None else None
 
 
 def main() -> int:

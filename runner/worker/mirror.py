@@ -146,10 +146,11 @@ class Mirror:
 
     def pull_resume_state(self, worker: int) -> list[str]:
         """Bring back what a restarted job continues from, on a new machine as on the old one: the metrics so far,
-        this worker's own log and events (their writers append to them), worker 0's progress (how far the earlier
-        attempts got: runner.checkpoints.resumed), and the newest checkpoints in RUNNER_CHECKPOINT_DIR, whoever
-        wrote them (restore_checkpoints)."""
-        own = [contract.METRICS, contract.log_key(worker), contract.events_key(f"worker-{worker}")]
+        this worker's own log and events and its trainer's (their writers append to them), worker 0's progress (how
+        far the earlier attempts got: runner.checkpoints.resumed), and the newest checkpoints in
+        RUNNER_CHECKPOINT_DIR, whoever wrote them (restore_checkpoints)."""
+        events = [contract.events_key(f"{writer}-{worker}") for writer in ("worker", "trainer")]
+        own = [contract.METRICS, contract.log_key(worker), *events]
         own += [contract.PROGRESS] if worker == 0 else []
         pulled = [key for key in own if self._pull(key)]
         return pulled + self.restore_checkpoints()

@@ -34,8 +34,9 @@ from typing import BinaryIO
 from runner import contract
 from runner.checkpoints import SHARED, Listing, Survey, resume_point, survey
 from runner.checkpoints.resumed import EVENT as RESUMED
-from runner.checkpoints.resumed import Resumed, furthest_step, latest, redone
+from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step, latest, redone
 from runner.errors import StorageError
+from runner.redact import Redactor, job_secrets
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
 from runner.watch.events import EventLog, now, read_events
@@ -75,8 +76,8 @@ class Supervisor:
         self.environ = environ
         self.run_dir = environ[contract.RUN_DIR]
         self.worker = int(environ.get(contract.WORKER_ID, "0"))
-        self.heartbeat_s = float(environ.get(contract.HEARTBEAT_S, "10"))
-        self.sync_s = float(environ.get(contract.SYNC_S, "5"))
+        self.heartbeat_s = contract.cadence(contract.HEARTBEAT_S, environ)
+        self.sync_s = contract.cadence(contract.SYNC_S, environ)
         self.grace_s = float(environ.get(contract.GRACE_S, "30"))
         # Whoever sent the SIGTERM (the runner, `docker stop`, a Spot VM's preemption) kills the whole group when the
         # same grace ends, so the job gets the grace less what this process needs after it: without the reserve, a
@@ -106,6 +107,8 @@ class Supervisor:
         self._last_submitter_check = 0.0
         self.started = now()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        # The job's secrets, as the job has them: replaced in everything it prints before it goes anywhere.
+        self.redactor = Redactor(job_secrets(environ))
         self._lock = threading.Lock()
         self._done = threading.Event()
         # Progress: the trainer's step (progress.json), or for a command that writes none, its output so far.
@@ -115,6 +118,8 @@ class Supervisor:
         self.reported: Progress | None = None
         self.reports_progress = False  # the job writes progress.json or metrics.jsonl
         self.resumed: dict[str, object] | None = None  # where a command job's attempt went on from (goes_on_from)
+        self.restored: dict[str, float | int | str] | None = None  # the checkpoints' download onto this machine
+        self.restored_at = 0.0
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -132,11 +137,13 @@ class Supervisor:
         return env
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: Path) -> None:
-        """The job's output: raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape
-        sequences into the log file and the exit record's tail (runner.watch.logtext)."""
+        """The job's output, its secrets' values replaced first (runner.redact: a value split across two reads
+        too): raw to our stdout (a terminal keeps Keras' live bar), cleaned of redraws and escape sequences into
+        the log file and the exit record's tail (runner.watch.logtext)."""
         assert proc.stdout is not None
         cleaner = LogCleaner()
         partial = b""
+        redactor = self.redactor
 
         def store(data: bytes, log: BinaryIO) -> bytes:
             log.write(data)
@@ -145,12 +152,16 @@ class Supervisor:
             self.tail.extend(line.decode(errors="replace") for line in lines if line.strip())
             return rest
 
+        def out(data: bytes, log: BinaryIO) -> bytes:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return store(cleaner.feed(data), log)
+
         with log_file.open("ab") as log:
             while chunk := os.read(proc.stdout.fileno(), 65536):
                 self._output_bytes += len(chunk)
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                partial = store(cleaner.feed(chunk), log)
+                partial = out(redactor.feed(chunk), log)
+            partial = out(redactor.flush(), log)
             partial = store(cleaner.flush(), log)
 
     # -- periodic work ------------------------------------------------------------------------------------------
@@ -279,10 +290,14 @@ class Supervisor:
         restored = [key for key in pulled if key.startswith(f"{contract.CHECKPOINTS}/")]
         if restored:
             size = sum((self.output / key).stat().st_size for key in restored if (self.output / key).is_file())
+            took = time.monotonic() - t0
             self.note(
                 f"[runner] restored {len(restored)} checkpoint file(s), {size / 1e6:.1f} MB, from the run directory "
-                f"into {contract.CHECKPOINT_DIR} in {time.monotonic() - t0:.1f}s"
+                f"into {contract.CHECKPOINT_DIR} in {took:.1f}s"
             )
+            # said once the worker's event file is open (it is among what was pulled): the run's goodput
+            self.restored = {"seconds": round(took, 3), "stage": "download", "files": len(restored), "bytes": size}
+            self.restored_at = time.time()
         return pulled
 
     def shared(self) -> list[Survey]:
@@ -368,6 +383,8 @@ class Supervisor:
             command=cmd,
             restored=pulled,
         )
+        if self.restored is not None:
+            events.emit(RESTORED, happened_at=self.restored_at, **self.restored)
         if earlier and self.worker == 0 and contract.COMMAND in self.environ:
             self.resumed = self.goes_on_from(events)
         self.heartbeat("starting")

@@ -297,9 +297,11 @@ def test_a_user_script_on_two_workers_stops_at_one_step_and_resumes_exactly(
     """keras_callbacks() on several workers: Ctrl-C reaches both, they agree on one step, worker 0 saves it (the
     other saves to its scratch directory: saving is collective), and `runner resume` runs both on from there; worker
     0 alone wrote the metrics, one line per epoch, and together the attempts trained every step once."""
+    from tests.stops import FAST_PROGRESS
     from tests.test_examples import interrupt_mid_epoch
 
     monkeypatch.setenv("RUNNER_DATA_DIR", str(mnist_npz.parent))
+    monkeypatch.setenv("RUNNER_TIMINGS", FAST_PROGRESS)  # where interrupt_mid_epoch reads the job's step
     (tmp_path / "train.py").write_text(WORKERS_SCRIPT[framework])
     job = tmp_path / "job.yaml"
     job.write_text(

@@ -19,6 +19,7 @@ from runner.plan import catalog
 from runner.storage import open_storage
 from runner.watch import rundir
 from tests.cloudjobs import IMAGE, events, job, preempt_when, run_id_of, submit
+from tests.waiting import wait_for
 
 
 @pytest.mark.slow
@@ -118,7 +119,20 @@ def test_transient_errors_are_retried(cloud, tmp_path: Path, bucket_url: str, st
 
 
 def test_slow_create_is_waited_for(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
-    cloud.slow_create(4)
+    cloud.slow_create(600)
+
+    def read_creating() -> bool:
+        asked = cloud.requests
+        created = next((r.time for r in asked if r.method == "POST" and r.path.endswith("/nodes")), None)
+        return created is not None and any(
+            r.method == "GET" and "/nodes/" in r.path and r.time > created for r in asked
+        )
+
+    def a_while_later() -> None:  # once the runner has read the node CREATING, the create's time comes
+        wait_for(read_creating, "the runner's read of the node it created")
+        cloud.advance(600)
+
+    threading.Thread(target=a_while_later, daemon=True).start()
     result = submit(str(job(tmp_path, bucket_url, "command: [python, -c, 'print(\"patience\")']\n")))
     assert result.exit_code == 0, result.output
     assert "CREATING" in result.output and "patience" in result.output
@@ -174,14 +188,14 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
     each time the runner deletes it and creates a new one, and the trainer continues from the newest checkpoint in
     the bucket (the step its preemption notice saved) instead of starting over. What the fault suite's
     `preemption-x2` case asserts (python -m faults runs it at full size), measured the same way (faults.measure) on
-    the same trainer log: 12 epochs of 512 steps (~2 s each here) leave the recreated VM's trainer more than twice the
-    7 s the bucket can trail it by (a 5 s sync, a 2 s progress write), so a CPU twice as fast still has time to show
-    it under way before it is done."""
+    the same trainer log. The VM's cadences follow the runner's timings (conftest's FAST_TIMINGS: a 0.5 s sync and
+    progress write), so the bucket trails the trainer by about a second: 4 epochs of 512 steps (~2 s each here) leave
+    the recreated VM's trainer, which resumes in its second epoch, over twice that to be seen under way."""
     spec = job(
         tmp_path,
         bucket_url,
         f"""\
-        training: {{model: mnist_mlp, epochs: 12, batch_size: 32, max_train_examples: 16384, max_test_examples: 256,
+        training: {{model: mnist_mlp, epochs: 4, batch_size: 32, max_train_examples: 16384, max_test_examples: 256,
                    data: {gcs_mnist}}}
         """,
         name="spot",
@@ -203,9 +217,10 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
         return progress["global_step"] >= progress["epochs"] * progress["steps_per_epoch"]
 
     def preempt_twice() -> None:
-        # The bucket trails the trainer by up to a sync interval (5 s), so each trigger is the earliest sign that
-        # training has got somewhere: the first checkpoint; then progress.json written by the recreated VM's trainer
-        # (after that VM turned READY). Both leave the trainer mid-run, where a preemption must not cost a step.
+        # The bucket trails the trainer by up to a sync and a progress write, so each trigger is the earliest sign
+        # that training has got somewhere: the first checkpoint; then progress.json written by the recreated VM's
+        # trainer (after that VM turned READY). Both leave the trainer mid-run, where a preemption must not cost a
+        # step.
         deadline = time.monotonic() + 300  # three trainer starts on a loaded machine take minutes
         recreated_at: float | None = None
         while time.monotonic() < deadline and len(preempted) < 2:
@@ -247,17 +262,18 @@ def test_preemptions_recreate_the_node_and_training_resumes_losing_nothing(
     # Each resume went on from at least where the bucket stood when its VM was preempted: no checkpoint was lost.
     assert all(a.start_step >= p for a, p in zip(attempts[1:], preempted, strict=True)), (preempted, attempts)
     assert attempts[-1].resumed_from == summary["resumed_from"]["checkpoint"]
-    assert summary["global_step"] == 12 * summary["steps_per_epoch"]
+    assert summary["global_step"] == 4 * summary["steps_per_epoch"]
     assert [e["event"] for e in events(run_dir)].count("preempted") == 2
     assert not cloud.nodes()
 
 
 # A user's own Keras script (a `command` job): the Dense guide's network with the runner's one callbacks= line, on
-# all of MNIST from the data cache the runner copies beside the run directory for the VM. Its fit is paced to at
-# least EPOCH_FLOOR_S an epoch: the test sees the job only through the bucket, which trails the trainer by up to the
-# supervisor's sync interval (5 s) plus a progress write (2 s), so two epochs outlast both on any CPU, however fast,
-# and a preemption lands with training still to do.
-EPOCH_FLOOR_S = 4.0
+# the first 16384 examples of MNIST from the data cache the runner copies beside the run directory for the VM. Its
+# fit is paced to at least EPOCH_FLOOR_S an epoch: the test sees the job only through the bucket, which trails the
+# trainer by up to the supervisor's sync plus a progress write (0.5 s each with conftest's FAST_TIMINGS), so an
+# epoch outlasts both on any CPU, however fast, and a preemption lands with training still to do.
+EPOCH_FLOOR_S = 3.0
+TRAIN = 16384
 COMMAND_JOB = f"""\
 import time
 import keras
@@ -265,7 +281,7 @@ from runner.datasets import mnist
 from runner.train import keras_callbacks
 
 (x_train, y_train), (x_test, y_test) = mnist.load_data()
-x_train = x_train.reshape(-1, 784) / 255.0
+x_train, y_train = x_train[:{TRAIN}].reshape(-1, 784) / 255.0, y_train[:{TRAIN}]
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(128, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -328,7 +344,7 @@ def test_a_preempted_command_job_resumes_on_the_recreated_vm_from_the_restored_d
     assert re.search(r"\[runner\] resumed from ckpt-\d{6}(-s\d{6})?\.keras", log), log
     metrics = [json.loads(line) for line in (store.read_bytes("metrics.jsonl") or b"").splitlines()]
     assert [m["epoch"] for m in metrics] == [1, 2, 3]  # one line per epoch, none twice
-    assert metrics[-1]["global_step"] == 3 * 3750  # 60000 / 16 steps an epoch: none lost, none trained twice
+    assert metrics[-1]["global_step"] == 3 * TRAIN // 16  # steps of 16: none lost, none trained twice
     assert not cloud.nodes()
 
 

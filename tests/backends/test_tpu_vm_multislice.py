@@ -18,7 +18,8 @@ from tests.cloudjobs import IMAGE, preempt_when, run_id_of, submit
 PRINT_ENV = (
     "import os\\ne = os.environ\\nprint('worker', e['RUNNER_WORKER_ID'], 'of', e['RUNNER_NUM_WORKERS'], 'slice', "
     "e['MEGASCALE_SLICE_ID'], 'of', e['MEGASCALE_NUM_SLICES'], 'hosts', e['RUNNER_HOSTS_PER_SLICE'], 'node', "
-    "e['RUNNER_TPU_NAME'], 'coordinator', e['MEGASCALE_COORDINATOR_ADDRESS'], flush=True)\\n"
+    "e['RUNNER_TPU_NAME'], 'coordinator', e['MEGASCALE_COORDINATOR_ADDRESS'], 'sync', e.get('RUNNER_SYNC_S'), "
+    "flush=True)\\n"
 )
 
 
@@ -45,7 +46,7 @@ def test_two_slices_run_four_workers_told_their_slice_and_go_once(cloud, tmp_pat
         slice_id = w // 2
         line = (
             f"[worker {w}] worker {w} of 4 slice {slice_id} of 2 hosts 2 node {run_id}-{slice_id} "
-            "coordinator 10.130.0.2:8080"
+            "coordinator 10.130.0.2:8080 sync 0.5"  # the runner's job_sync_s (FAST_TIMINGS), on every VM
         )
         assert line in result.output, result.output
     store = open_storage(f"{bucket_url}/runs/{run_id}")
@@ -98,12 +99,12 @@ def test_a_jax_job_on_two_slices_trains_as_one_cluster_and_a_preempted_slice_los
         f"name: jaxmulti\nimage: {IMAGE}\n"
         "accelerator: {type: v4-16, slices: 2, zone: us-central2-b, project: test-project, spot: true}\n"
         f"storage: {bucket_url}\n"
-        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 16, max_train_examples: 32768,\n"
+        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 16, max_train_examples: 8192,\n"
         f"           max_test_examples: 512, data: {gcs_mnist}}}\n"
     )
-    # 2048 steps: an epoch that lasts long enough for the bucket's progress.json to show it mid-way (at 256 steps of
-    # batch 32 the epoch was over before a sync, and slice 1 was never preempted).
-    steps = 32768 // 16
+    # 512 steps: an epoch that lasts many times the second by which the bucket's progress.json trails the trainer
+    # (the VMs sync and write progress every 0.5 s: conftest's FAST_TIMINGS), so it is seen in its first half.
+    steps = 8192 // 16
     # 10 s from SIGTERM to SIGKILL, as the fault suite gives (a Spot VM really gets 30 s), not the fixture's 3 s: on a
     # loaded machine worker 0's stop checkpoint and exit record took longer than 3 s to reach the bucket.
     cloud.vm_grace_s = 10.0

@@ -5,7 +5,6 @@ Nothing here asserts on wall time: the machines these tests run on are shared an
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import os
@@ -26,422 +25,10 @@ from runner.bench.command import bench
 from runner.bench.notebook import NOTEBOOK_GPU, NOTEBOOK_TPU
 from runner.bench.report import ArmResult, BenchResult
 from runner.errors import UsageError
-from runner.train import perf
+from runner.train import calibration, cpu
 from tests.conftest import REPO
 
-EPYC_AVX2 = """processor\t: 0
-vendor_id\t: AuthenticAMD
-model name\t: AMD EPYC 7B13
-flags\t\t: fpu vme de pse tsc msr sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni
-
-processor\t: 1
-flags\t\t: fpu avx2
-"""
-SAPPHIRE_RAPIDS = """processor\t: 0
-model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
-flags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
-"""
-COOPER_LAKE = "flags\t: avx2 avx512f avx512_bf16\n"
-ZEN4 = "model name\t: AMD EPYC\nflags\t\t: avx2 avx512f avx512_vnni avx512_bf16\n"  # AVX512-BF16, no AMX
-GRAVITON3 = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes sve bf16 i8mm\nCPU part\t: 0xd40\n"
-GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\n"
-
-
-# -- CPU features and the precision policy ---------------------------------------------------------------------------
-
-
-def test_cpu_flags_come_from_the_first_cpu() -> None:
-    flags = perf.cpu_flags(EPYC_AVX2)
-    assert {"avx2", "fma", "sha_ni"} <= flags and "avx512f" not in flags
-    assert perf.cpu_model(EPYC_AVX2) == "AMD EPYC 7B13"
-    assert perf.cpu_flags("") == frozenset()
-
-
-@pytest.mark.parametrize(
-    ("cpuinfo", "native"),
-    [(EPYC_AVX2, False), (SAPPHIRE_RAPIDS, True), (COOPER_LAKE, True), (GRAVITON3, True), (GRAVITON2, False)],
-)
-def test_native_bf16_is_detected_from_cpuinfo(cpuinfo: str, native: bool) -> None:
-    assert perf.has_native_bf16(perf.cpu_flags(cpuinfo)) is native
-
-
-@pytest.mark.parametrize(
-    ("kind", "cpuinfo", "capability", "policy"),
-    [
-        ("tpu", "", None, "mixed_bfloat16"),
-        ("gpu", "", (3, 7), "float32"),  # the notebook's K80: no tensor cores
-        ("gpu", "", (6, 0), "float32"),
-        ("gpu", "", (7, 0), "mixed_float16"),
-        ("gpu", "", (9, 0), "mixed_float16"),
-        ("gpu", "", None, "float32"),
-        ("cpu", EPYC_AVX2, None, "float32"),  # emulated bf16 measured 0.21x
-        ("cpu", SAPPHIRE_RAPIDS, None, "float32"),  # native bf16 is no proof of a gain: only a calibration picks it
-        ("cpu", GRAVITON3, None, "float32"),
-    ],
-)
-def test_precision_policy_per_device(kind: str, cpuinfo: str, capability: tuple[int, int] | None, policy: str) -> None:
-    assert perf.precision_policy(kind, perf.cpu_flags(cpuinfo), capability) == policy
-
-
-@pytest.mark.parametrize(
-    ("spec", "flags"),
-    [
-        (None, {"avx2", "avx512_bf16", "amx_bf16"}),
-        ("", {"avx2", "avx512_bf16", "amx_bf16"}),
-        ("-avx512_bf16,-amx_bf16", {"avx2"}),
-        ("+fma -amx_bf16", {"avx2", "avx512_bf16", "fma"}),
-        ("avx2,fma", {"avx2", "fma"}),  # no signs: a replacement
-        ("none", set()),
-        ("none,+bf16", {"bf16"}),
-    ],
-)
-def test_cpu_flags_can_be_forced(spec: str | None, flags: set[str]) -> None:
-    assert perf.override_flags(frozenset({"avx2", "avx512_bf16", "amx_bf16"}), spec) == flags
-
-
-def test_a_malformed_flag_override_is_an_error() -> None:
-    with pytest.raises(ValueError, match="RUNNER_CPU_FLAGS"):
-        perf.plan_for("cpu", 58, cpuinfo=ZEN4, environ={perf.CPU_FLAGS_ENV: "+avx2,-"})
-
-
-NO_BF16 = "-avx512_bf16,-amx_bf16,-bf16"
-BF16_WINS = {"float32": 100.0, "mixed_bfloat16": 40.0}  # what AMX might do: 2.5x
-BF16_INSIDE_NOISE = {"float32": 100.0, "mixed_bfloat16": 95.0}  # 1.05x
-BF16_EMULATED = {"float32": 100.0, "mixed_bfloat16": 476.0}  # 0.21x, as measured on the AVX2 EPYC
-
-
-@pytest.mark.parametrize(
-    ("cpuinfo", "forced", "timings", "policy", "source"),
-    [
-        (EPYC_AVX2, None, None, "float32", "table"),  # no real choice: nothing is timed
-        (EPYC_AVX2, "+avx512_bf16", BF16_EMULATED, "float32", "calibrated"),
-        (ZEN4, None, BF16_INSIDE_NOISE, "float32", "calibrated"),
-        (ZEN4, None, BF16_WINS, "mixed_bfloat16", "calibrated"),
-        (ZEN4, NO_BF16, None, "float32", "table"),
-        (SAPPHIRE_RAPIDS, None, BF16_WINS, "mixed_bfloat16", "calibrated"),
-        (SAPPHIRE_RAPIDS, "-amx_bf16", BF16_INSIDE_NOISE, "float32", "calibrated"),  # still AVX512-BF16
-        (SAPPHIRE_RAPIDS, NO_BF16, None, "float32", "table"),
-        (GRAVITON3, None, {"float32": 110.0, "mixed_bfloat16": 100.0}, "mixed_bfloat16", "calibrated"),  # 1.10x
-        (GRAVITON2, "+bf16", BF16_WINS, "mixed_bfloat16", "calibrated"),
-        ("", None, None, "float32", "table"),  # no /proc/cpuinfo: nothing assumed
-        ("", "avx512_bf16", BF16_INSIDE_NOISE, "float32", "calibrated"),
-    ],
-)
-def test_cpu_precision_is_measured_where_there_is_a_choice(
-    cpuinfo: str,
-    forced: str | None,
-    timings: dict[str, float] | None,
-    policy: str,
-    source: str,
-    tmp_path: Path,
-) -> None:
-    timed: list[tuple[str, ...]] = []
-
-    def calibrate(policies: Sequence[str]) -> dict[str, float]:
-        timed.append(tuple(policies))
-        assert timings is not None, "timed a CPU without native bfloat16"
-        return timings
-
-    environ = {perf.CPU_FLAGS_ENV: forced} if forced else {}
-    plan = perf.plan_for(
-        "cpu", 58, cpuinfo=cpuinfo, environ=environ, calibrate=calibrate, cache_file=tmp_path / "c.json"
-    )
-    assert (plan.precision, plan.precision_source) == (policy, source)
-    assert plan.native_bf16 is (timings is not None)
-    assert timed == ([("float32", "mixed_bfloat16")] if timings else [])
-    assert plan.cpu_flags_override == forced
-    if timings:
-        assert plan.calibration is not None and plan.calibration["ms_per_step"] == timings
-        assert plan.precision == perf.pick_from_timings(timings)
-
-
-@pytest.mark.parametrize("forced", ["+avx512_bf16", NO_BF16])
-def test_this_machine_with_bfloat16_forced_each_way(forced: str, tmp_path: Path) -> None:
-    """The real /proc/cpuinfo of whatever machine runs the tests, its bfloat16 forced on and off."""
-    plan = perf.plan_for(
-        "cpu",
-        58,
-        environ={perf.CPU_FLAGS_ENV: forced},
-        calibrate=lambda policies: BF16_WINS,
-        cache_file=tmp_path / "c.json",
-    )
-    native = forced.startswith("+")
-    assert plan.native_bf16 is native
-    assert plan.precision == ("mixed_bfloat16" if native else "float32")
-    assert f"{perf.CPU_FLAGS_ENV}={forced!r}" in plan.describe()
-
-
-def test_native_bfloat16_without_a_model_to_time_stays_float32() -> None:
-    plan = perf.plan_for("cpu", 58, cpuinfo=ZEN4, environ={})
-    assert (plan.precision, plan.precision_source) == ("float32", "uncalibrated")
-    assert "not calibrated" in plan.describe()
-
-
-def test_a_calibration_is_cached_and_says_when(tmp_path: Path) -> None:
-    timed: list[Sequence[str]] = []
-
-    def calibrate(policies: Sequence[str]) -> dict[str, float]:
-        timed.append(policies)
-        return {"float32": 120.0, "mixed_bfloat16": 60.0}
-
-    cache = tmp_path / "data" / perf.CALIBRATION_FILE
-    when = datetime.datetime(2026, 12, 3, 4, 5, tzinfo=datetime.timezone.utc)
-    flags = perf.cpu_flags(ZEN4)
-    kwargs = {"calibrate": calibrate, "cache_file": cache, "now": lambda: when}
-    first = perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 1024", **kwargs)  # type: ignore[arg-type]
-    assert (first.policy, first.source) == ("mixed_bfloat16", "calibrated")
-    assert "float32 120.0 ms/step, mixed_bfloat16 60.0 ms/step (2.00x)" in first.reason
-    again = perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 1024", **kwargs)  # type: ignore[arg-type]
-    assert (again.policy, again.source) == ("mixed_bfloat16", "cached")
-    assert again.reason.startswith("cached from 2026-12-03: float32 120.0 ms/step")
-    assert len(timed) == 1
-    perf.choose_precision("cpu", flags, key="zen4 | mnist_cnn | batch 512", **kwargs)  # type: ignore[arg-type]
-    assert len(timed) == 2  # another batch is another calibration
-    assert set(json.loads(cache.read_text())) == {"zen4 | mnist_cnn | batch 1024", "zen4 | mnist_cnn | batch 512"}
-    cache.write_text("{not json")  # a damaged cache is measured again, not fatal
-    assert perf.choose_precision("cpu", flags, key="k", **kwargs).source == "calibrated"  # type: ignore[arg-type]
-
-
-def test_a_failed_or_unsaved_calibration_does_not_stop_the_run(tmp_path: Path) -> None:
-    def broken(policies: Sequence[str]) -> dict[str, float]:
-        raise RuntimeError("oneDNN said no")
-
-    flags = perf.cpu_flags(ZEN4)
-    failed = perf.choose_precision("cpu", flags, calibrate=broken, cache_file=tmp_path / "c.json", key="k")
-    assert (failed.policy, failed.source) == ("float32", "calibration failed")
-    assert "oneDNN said no" in failed.reason
-    blocked = tmp_path / "file"
-    blocked.write_text("")  # a file where the cache directory should be: not writable
-    unsaved = perf.choose_precision("cpu", flags, calibrate=lambda p: BF16_WINS, cache_file=blocked / "c.json", key="k")
-    assert unsaved.source == "calibrated" and unsaved.reason.endswith("(not cached)")
-
-
-F = perf.FUSED
-
-
-def _fused_wins(variants: Sequence[str]) -> dict[str, float]:
-    """ms/step where the fused dropout kernel is 1.4x Keras' and bfloat16 1.2x float32 (about the Zen 4's)."""
-    return {v: 100.0 / (1.4 if v.endswith(F) else 1.0) / (1.2 if "bfloat16" in v else 1.0) for v in variants}
-
-
-@pytest.mark.parametrize(
-    ("kind", "cpuinfo", "model", "requested", "jit", "timed"),
-    [
-        ("cpu", EPYC_AVX2, "mnist_cnn", "auto", None, ("float32", "float32" + F)),  # timed on every CPU
-        ("cpu", ZEN4, "mnist_cnn", "auto", None, ("float32", "mixed_bfloat16", "float32" + F, "mixed_bfloat16" + F)),
-        ("cpu", ZEN4, "mnist_mlp", "auto", None, ("float32", "mixed_bfloat16")),  # no dropout layer
-        ("cpu", EPYC_AVX2, "mnist_mlp", "auto", None, ()),  # nothing to choose: nothing timed
-        ("cpu", ZEN4, "mnist_cnn", "mixed_bfloat16", None, ("mixed_bfloat16", "mixed_bfloat16" + F)),
-        ("cpu", EPYC_AVX2, "mnist_cnn", "float32", None, ("float32", "float32" + F)),
-        ("cpu", ZEN4, "mnist_cnn", "auto", True, ("float32", "mixed_bfloat16")),  # XLA fuses the whole model anyway
-        ("gpu", ZEN4, "mnist_cnn", "auto", None, ()),
-        ("tpu", ZEN4, "mnist_cnn", "auto", None, ()),
-    ],
-)
-def test_the_dropout_kernel_is_timed_where_the_model_has_dropout(
-    kind: str, cpuinfo: str, model: str, requested: str, jit: bool | None, timed: tuple[str, ...], tmp_path: Path
-) -> None:
-    seen: list[tuple[str, ...]] = []
-
-    def calibrate(variants: Sequence[str]) -> dict[str, float]:
-        seen.append(tuple(variants))
-        return _fused_wins(variants)
-
-    plan = perf.plan_for(
-        kind, 58, cpuinfo=cpuinfo, environ={}, model=model, batch_size=1024, requested_precision=requested,
-        requested_jit=jit, calibrate=calibrate, cache_file=tmp_path / "c.json",
-    )  # fmt: skip
-    assert seen == ([timed] if timed else [])
-    if timed:
-        assert (plan.precision, plan.dropout) == perf.split_variant(perf.pick_from_timings(_fused_wins(timed)))
-        assert plan.calibration is not None and plan.calibration["candidates"] == list(timed)
-        assert ("dropout fused by XLA" in plan.describe()) is (plan.dropout == "xla")
-    else:
-        assert plan.dropout == "keras" and "dropout fused" not in plan.describe()
-    assert plan.as_dict()["dropout"] == plan.dropout  # summary.json's "perf" says which kernel ran
-
-
-@pytest.mark.parametrize(
-    ("timings", "chosen"),
-    [
-        ({"float32": 100.0, "float32" + F: 95.0}, "float32"),  # 1.05x: inside the noise, the plain variant stays
-        ({"float32": 100.0, "float32" + F: 80.0, "mixed_bfloat16": 85.0}, "float32" + F),
-        ({"mixed_bfloat16": 100.0, "mixed_bfloat16" + F: 60.0}, "mixed_bfloat16" + F),  # a requested precision
-        ({"mixed_bfloat16": 100.0, "mixed_bfloat16" + F: 95.0}, "mixed_bfloat16"),
-    ],
-)
-def test_the_first_variant_stays_unless_another_wins_clearly(timings: dict[str, float], chosen: str) -> None:
-    assert perf.pick_from_timings(timings) == chosen
-
-
-@pytest.mark.parametrize(
-    ("rounds", "chosen", "said"),
-    [
-        # The AMX Xeon under load: a 1.44x median whose rounds overlap float32's is noise, and float32 stays.
-        ({"float32": [100.0, 300.0, 120.0], "mixed_bfloat16": [60.0, 70.0, 250.0]}, "float32", "inside the noise"),
-        ({"float32": [100.0, 104.0, 98.0], "mixed_bfloat16": [60.0, 62.0, 66.0]}, "mixed_bfloat16", "(1.61x)"),
-        ({"float32": [100.0, 104.0], "mixed_bfloat16": [99.0, 97.0]}, "float32", "(1.04x)"),  # clear, but too small
-    ],
-)
-def test_a_gain_inside_the_rounds_spread_keeps_the_plain_variant(
-    rounds: dict[str, list[float]], chosen: str, said: str, tmp_path: Path
-) -> None:
-    assert perf.pick_from_timings(rounds) == chosen
-    choice = perf.choose_precision(
-        "cpu", perf.cpu_flags(ZEN4), calibrate=lambda variants: rounds, cache_file=tmp_path / "c.json", key="k"
-    )
-    assert (choice.policy, choice.source) == (chosen, "calibrated")
-    assert said in choice.reason and "clear of the noise" in choice.reason
-    assert choice.calibration is not None and choice.calibration["rounds_ms"] == rounds
-    again = perf.choose_precision(
-        "cpu", perf.cpu_flags(ZEN4), calibrate=lambda v: {}, cache_file=tmp_path / "c.json", key="k"
-    )
-    assert (again.policy, again.source) == (chosen, "cached")
-
-
-def test_a_cached_choice_made_without_rounds_is_measured_again(tmp_path: Path) -> None:
-    """An entry from before the noise rule (medians only) may hold a choice made inside the noise."""
-    cache = tmp_path / "c.json"
-    old = {"variant": "mixed_bfloat16", "candidates": ["float32", "mixed_bfloat16"], "ms_per_step": BF16_WINS}
-    cache.write_text(json.dumps({"k": old}))
-    timed: list[Sequence[str]] = []
-
-    def calibrate(variants: Sequence[str]) -> dict[str, list[float]]:
-        timed.append(variants)
-        return {"float32": [100.0, 101.0], "mixed_bfloat16": [99.0, 100.0]}
-
-    choice = perf.choose_precision("cpu", perf.cpu_flags(ZEN4), calibrate=calibrate, cache_file=cache, key="k")
-    assert (choice.policy, choice.source, len(timed)) == ("float32", "calibrated", 1)
-
-
-def test_every_worker_takes_the_chiefs_choices() -> None:
-    """Two processes of one run, as threads summing through a barrier (agreement.broadcast's collective): the
-    chief's calibrated choice and the other worker's own, different one; both end with the chief's."""
-    import threading
-
-    from runner.train import agreement
-
-    chief_plan = perf.PerfPlan("cpu", "mixed_bfloat16", False, 1, dropout="xla", precision_source="calibrated")
-    other_plan = perf.PerfPlan("cpu", "float32", False, 1, precision_source="table")
-    posted: list[list[int]] = []
-    barrier = threading.Barrier(2)
-
-    def reduce_sum(values: list[int]) -> list[int]:
-        posted.append(values)
-        barrier.wait()
-        return [sum(column) for column in zip(*posted, strict=True)]
-
-    results: dict[bool, perf.PerfPlan] = {}
-
-    def worker(plan: perf.PerfPlan, chief: bool) -> None:
-        chosen = agreement.broadcast(perf.run_choices(plan), reduce_sum, chief)
-        results[chief] = plan if chief else perf.adopt_choices(plan, chosen)
-
-    threads = [threading.Thread(target=worker, args=a) for a in ((chief_plan, True), (other_plan, False))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert results[True] == chief_plan
-    assert (results[False].precision, results[False].dropout) == ("mixed_bfloat16", "xla")
-    assert results[False].precision_source == "worker 0"
-    assert perf.run_choices(results[False]) == perf.run_choices(chief_plan)
-
-
-def test_a_cached_calibration_of_other_candidates_is_measured_again(tmp_path: Path) -> None:
-    cache = tmp_path / "c.json"
-    flags = perf.cpu_flags(ZEN4)
-    # What the cache held before the dropout kernel was a choice: a precision and two timings.
-    cache.write_text(json.dumps({"k": {"precision": "mixed_bfloat16", "ms_per_step": BF16_WINS}}))
-    kwargs = {"fusable": True, "calibrate": _fused_wins, "cache_file": cache, "key": "k"}
-    first = perf.choose_precision("cpu", flags, **kwargs)  # type: ignore[arg-type]
-    assert (first.policy, first.dropout, first.source) == ("mixed_bfloat16", "xla", "calibrated")
-    again = perf.choose_precision("cpu", flags, **kwargs)  # type: ignore[arg-type]
-    assert (again.policy, again.dropout, again.source) == ("mixed_bfloat16", "xla", "cached")
-    asked = perf.choose_precision("cpu", flags, requested="float32", **kwargs)  # type: ignore[arg-type]
-    assert (asked.policy, asked.dropout, asked.source) == ("float32", "xla", "calibrated")  # other candidates
-    damaged = {**json.loads(cache.read_text())["k"], "rounds_ms": {"float32": "fast"}}
-    cache.write_text(json.dumps({"k": damaged}))
-    assert perf.choose_precision("cpu", flags, requested="float32", **kwargs).source == "calibrated"  # type: ignore[arg-type]
-
-
-def test_precision_can_be_forced_but_not_misspelt() -> None:
-    assert perf.precision_policy("tpu", requested="float32") == "float32"
-    assert perf.precision_policy("cpu", requested="mixed_bfloat16") == "mixed_bfloat16"
-    with pytest.raises(ValueError, match="mixed_float16"):
-        perf.precision_policy("cpu", requested="fp16")
-
-
-def test_xla_and_steps_per_execution_per_device() -> None:
-    assert perf.jit_compile("cpu") is False
-    assert perf.jit_compile("gpu") is None and perf.jit_compile("tpu") is None  # Keras' own default
-    assert perf.steps_per_execution("cpu", 58) == 1
-    assert perf.steps_per_execution("tpu", 58) == 50
-    assert perf.steps_per_execution("tpu", 7) == 7
-
-
-def test_plan_records_the_choices_and_why() -> None:
-    plan = perf.plan_for("cpu", 58, cpuinfo=EPYC_AVX2, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, environ={})
-    assert (plan.precision, plan.jit_compile, plan.steps_per_execution) == ("float32", False, 1)
-    assert plan.cpu == "AMD EPYC 7B13" and not plan.native_bf16
-    assert plan.describe().startswith("float32 (no native bfloat16; emulated measured 0.21x on the AVX2 EPYC), ")
-    assert "oneDNN" in plan.describe()
-    recorded = json.loads(json.dumps(plan.as_dict()))  # summary.json's "perf"
-    assert recorded["precision"] == "float32" and recorded["precision_source"] == "table"
-    assert recorded["dropout"] == "keras"  # no model given: nothing to fuse
-    assert recorded["precision_reason"] and recorded["calibration"] is None
-    assert perf.plan_for("cpu", 58, cpuinfo=SAPPHIRE_RAPIDS, requested_steps=4).steps_per_execution == 4
-
-
-def test_onednn_is_enabled_on_x86_unless_the_user_chose() -> None:
-    env: dict[str, str] = {}
-    assert perf.process_environment(env, machine="x86_64") == {"TF_ENABLE_ONEDNN_OPTS": "1"}
-    assert env == {"TF_ENABLE_ONEDNN_OPTS": "1"}
-    user = {"TF_ENABLE_ONEDNN_OPTS": "0"}
-    assert perf.process_environment(user, machine="x86_64") == {} and user["TF_ENABLE_ONEDNN_OPTS"] == "0"
-    arm: dict[str, str] = {}
-    assert perf.process_environment(arm, machine="aarch64") == {} and arm == {}
-
-
-def test_cpu_quota_from_cgroup_files(tmp_path: Path) -> None:
-    v2 = tmp_path / "v2"
-    v2.mkdir()
-    (v2 / "cpu.max").write_text("max 100000\n")
-    assert perf.cpu_quota(str(v2)) is None
-    (v2 / "cpu.max").write_text("150000 100000\n")
-    assert perf.cpu_quota(str(v2)) == 1.5
-    v1 = tmp_path / "v1" / "cpu"
-    v1.mkdir(parents=True)
-    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
-    (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    assert perf.cpu_quota(str(tmp_path / "v1")) is None
-    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
-    assert perf.cpu_quota(str(tmp_path / "v1")) == 4.0
-    assert perf.cpu_quota(str(tmp_path / "none")) is None
-    assert perf.usable_cpus(1.5, affinity=16) == 2
-    assert perf.usable_cpus(None, affinity=16) == 16
-    assert perf.usable_cpus(32.0, affinity=8) == 8
-
-
-def test_threads_follow_a_quota_and_are_left_alone_without_one() -> None:
-    calls: list[tuple[str, int]] = []
-
-    class Threading:
-        def set_intra_op_parallelism_threads(self, n: int) -> None:
-            calls.append(("intra", n))
-
-        def set_inter_op_parallelism_threads(self, n: int) -> None:
-            calls.append(("inter", n))
-
-    class FakeTf:
-        class config:  # shaped like tf.config
-            threading = Threading()
-
-    cores = os.cpu_count() or 1
-    assert perf.configure_threads(FakeTf, quota=float(cores)) == {} and calls == []  # no smaller than the host
-    if cores > 1:
-        assert perf.configure_threads(FakeTf, quota=1.0) == {"intra_op": 1, "inter_op": 1}
-        assert calls == [("intra", 1), ("inter", 1)]
+NO_BF16 = "-avx512_bf16,-amx_bf16,-bf16"  # the CPU's flags without bfloat16, whatever this machine has
 
 
 # -- results, tables, plots -----------------------------------------------------------------------------------------
@@ -606,7 +193,7 @@ def test_effective_threads_are_what_tensorflow_resolves() -> None:
         class config:  # shaped like tf.config
             threading = Threading()
 
-    cpus = perf.usable_cpus()
+    cpus = cpu.usable_cpus()
     default = effective.effective_threads(FakeTf, environ={})
     assert default == {"intra_op": cpus, "inter_op": cpus, "source": "TensorFlow default"}
     from_env = effective.effective_threads(FakeTf, environ={"TF_NUM_INTEROP_THREADS": "1"})
@@ -724,8 +311,8 @@ def test_bench_runs_both_trainers_at_every_batch_size(
     tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No bfloat16 whatever this CPU has: only the dropout kernel is timed (the TPU-schedule test forces bfloat16 on).
-    monkeypatch.setenv(perf.CPU_FLAGS_ENV, NO_BF16)
-    monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))  # a calibration is cached here, not in the user's
+    monkeypatch.setenv(cpu.CPU_FLAGS_ENV, NO_BF16)
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))  # a calibration is cached here, not in the user's
     out = tmp_path / "bench"
     args = ["--batch-sizes", "128,256", "--epochs", "2", "--examples", "1024", "--test-examples", "256"]
     args += ["--framework", "tensorflow"]  # the JAX engine's bench has its own test below
@@ -767,11 +354,12 @@ def _assert_own_decision(settings: dict[str, Any]) -> None:
     source = settings["precision_source"]
     if source in ("calibrated", "cached"):
         native = frozenset({"avx512_bf16"}) if settings["native_bf16"] else frozenset()
-        candidates = perf.cpu_candidates(native, fusable=True)
+        candidates = calibration.cpu_candidates(native, fusable=True)
         assert settings["calibration"]["candidates"] == list(candidates)
         timings = {v: settings["calibration"]["rounds_ms"][v] for v in candidates}  # JSON may sort the keys
         assert all(t > 0 for rounds in timings.values() for t in rounds)
-        assert (settings["precision"], settings["dropout"]) == perf.split_variant(perf.pick_from_timings(timings))
+        picked = calibration.pick_from_timings(timings)
+        assert (settings["precision"], settings["dropout"]) == calibration.split_variant(picked)
     else:  # a trainer that does not pass its model and batch to plan_for cannot calibrate
         assert (settings["precision"], settings["dropout"], source) == ("float32", "keras", "uncalibrated")
     assert settings["precision_reason"]
@@ -781,7 +369,7 @@ def _assert_own_decision(settings: dict[str, Any]) -> None:
 def test_bench_in_one_process_as_on_a_tpu_host(tmp_path: Path, mnist_npz: Path) -> None:
     """The TPU schedule (both trainers in one process), exercised on CPU in a child process of its own, with native
     bfloat16 forced on (the test above forces it off): the trainer's decision, and a real calibration of the run's
-    model and batch on this CPU, then read back from the data cache."""
+    model and batch on this CPU, then read back from the start-up cache."""
     forced = "+avx512_bf16"
     script = textwrap.dedent(
         f"""
@@ -802,7 +390,7 @@ def test_bench_in_one_process_as_on_a_tpu_host(tmp_path: Path, mnist_npz: Path) 
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_"))}
-    env.update({perf.CPU_FLAGS_ENV: forced, "RUNNER_DATA_DIR": str(tmp_path / "data")})
+    env.update({cpu.CPU_FLAGS_ENV: forced, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -823,7 +411,7 @@ def test_bench_in_one_process_as_on_a_tpu_host(tmp_path: Path, mnist_npz: Path) 
     # Timed once on the real CPU (by the trainer already, when it passes its model and batch), then read back.
     assert [p["precision_source"] for p in plans] in (["calibrated", "cached"], ["cached", "cached"])
     assert plans[1]["precision_reason"].startswith("cached from ")
-    assert (tmp_path / "data" / perf.CALIBRATION_FILE).is_file()
+    assert len(list((tmp_path / "cache" / calibration.CACHE_KIND).glob("*.json"))) == 1  # one key: one entry
     if plans[0]["precision_source"] == "calibrated":
         assert names[0] == "conv2d"  # the calibration's models left no trace in Keras' naming
 
@@ -882,8 +470,8 @@ def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -
 
 @pytest.mark.slow
 def test_bench_puts_both_engines_side_by_side(tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(perf.CPU_FLAGS_ENV, NO_BF16)  # a shorter calibration: this test is about the layout
-    monkeypatch.setenv("RUNNER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(cpu.CPU_FLAGS_ENV, NO_BF16)  # a shorter calibration: this test is about the layout
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "bench"
     args = ["--batch-sizes", "128", "--epochs", "2", "--examples", "512", "--test-examples", "128"]
     result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])  # the default: both

@@ -1,5 +1,5 @@
 """The JSON Schemas of what `--json` prints (validate, status, list, report), and a validator for the subset of
-JSON Schema they use (type, properties, required, additionalProperties, items, enum): jsonschema is not a
+JSON Schema they use (type, properties, required, additionalProperties, items, enum, anyOf): jsonschema is not a
 dependency of the runner, and these documents are the contract scripts may rely on."""
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ _TYPES: dict[str, tuple[type, ...]] = {
 def problems(value: Any, schema: Schema, path: str = "$") -> list[str]:
     """Every way `value` breaks `schema`, each with its JSON path; [] when it conforms."""
     found: list[str] = []
+    if "anyOf" in schema:
+        tries = [problems(value, alternative, path) for alternative in schema["anyOf"]]
+        if all(tries):
+            found.append(f"{path}: none of anyOf fits; the closest: {min(tries, key=len)[0]}")
     kinds = schema.get("type")
     if kinds is not None:
         kinds = [kinds] if isinstance(kinds, str) else kinds
@@ -121,6 +125,72 @@ RESUMED: Schema = {
         ),
     ]
 }
+# where the billed time went (runner.collect.goodput); null before any machine came up
+CAUSE_KEYS = [
+    "productive",
+    "capacity",
+    "provisioning",
+    "image_pull",
+    "startup",
+    "data",
+    "checkpoint_restore",
+    "checkpoint_save",
+    "redone",
+    "evaluation",
+    "idle",
+    "job",
+    "unmeasured",
+]
+MAYBE_INTEGER: Schema = {"type": ["integer", "null"]}
+GOODPUT: Schema = {
+    "anyOf": [
+        {"type": "null"},
+        _object(
+            {
+                "billed_s": NUMBER,
+                "billable": {"type": "boolean"},
+                "open": {"type": "boolean"},
+                "productive_s": MAYBE_NUMBER,
+                "percent": MAYBE_NUMBER,
+                "usd": MAYBE_NUMBER,
+                "billed_usd": MAYBE_NUMBER,
+                "no_price": MAYBE_STRING,
+                "causes": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "cause": {"type": "string", "enum": CAUSE_KEYS},
+                            "label": STRING,
+                            "billed_s": MAYBE_NUMBER,  # null: not measured
+                            "waited_s": MAYBE_NUMBER,
+                            "usd": MAYBE_NUMBER,
+                            "steps": MAYBE_INTEGER,
+                            "note": STRING,
+                        }
+                    ),
+                },
+                "disruptions": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "kind": {"type": "string", "enum": ["preemption", "failure retried", "silent boot"]},
+                            "attempt": {"type": "integer"},
+                            "at_s": NUMBER,
+                            "reached_step": MAYBE_INTEGER,
+                            "resumed_step": MAYBE_INTEGER,
+                            "redone_steps": MAYBE_INTEGER,
+                            "redone_s": MAYBE_NUMBER,
+                            "restart_s": NUMBER,
+                            "lost_s": MAYBE_NUMBER,
+                            "usd": MAYBE_NUMBER,
+                            "back_after_s": MAYBE_NUMBER,
+                        }
+                    ),
+                },
+            }
+        ),
+    ]
+}
 EXIT: Schema = _object(
     {
         "worker": {"type": "integer"},
@@ -130,6 +200,7 @@ EXIT: Schema = _object(
         "started_at": MAYBE_NUMBER,
         "error": MAYBE_STRING,
         "tail": STRINGS,
+        "peer_stop": {"type": "boolean"},
     }
 )
 
@@ -171,6 +242,7 @@ STATUS: Schema = _object(
         "cost": COST,
         "still_billing": MAYBE_STRING,
         "startup": STARTUP,
+        "goodput": GOODPUT,
         "attempts": {
             "type": "array",
             "items": _object(
@@ -206,6 +278,8 @@ LIST: Schema = _object(
                     "cost": COST,
                     "cost_cell": STRING,
                     "still_billing": MAYBE_STRING,
+                    "goodput": GOODPUT,
+                    "goodput_cell": STRING,
                 }
             ),
         },
@@ -244,6 +318,7 @@ REPORT: Schema = _object(
         ),
         "checkpoints": {"type": "array", "items": CHECKPOINT},
         "resumed": RESUMED,
+        "goodput": GOODPUT,
         "warnings": STRINGS,
         "generated_at": NUMBER,
         "charts": {"type": "array"},

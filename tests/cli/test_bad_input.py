@@ -21,7 +21,7 @@ from typer.testing import CliRunner, Result
 
 from runner import contract
 from runner.cli import app
-from runner.collect.progress import metrics_text
+from runner.collect.figures import metrics_text
 from runner.collect.summary import summary_rows
 from runner.errors import PlanError, SpecError, UsageError
 from runner.plan.planner import resolve_storage

@@ -32,6 +32,9 @@ def test_the_validator_finds_what_breaks_a_schema() -> None:
         "$.files[0]: 'warnings' is missing",
         "$: unexpected key 'more'",
     ]
+    # anyOf: null, or the object; what fits neither names the closest miss
+    assert schemas.problems(None, schemas.GOODPUT) == []
+    assert schemas.problems({"billed_s": "1"}, schemas.GOODPUT)[0].startswith("$: none of anyOf fits")
 
 
 def test_every_json_output_matches_its_schema(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from runner import contract
 from runner.collect.facts import checkpoints_text, gather, list_checkpoints, size_text
-from runner.collect.progress import metrics_text
-from runner.collect.summary import rounded, summary_rows
+from runner.collect.figures import metrics_text, rounded
+from runner.collect.summary import summary_rows
 from runner.storage import open_storage
 from runner.watch.events import Event
 from runner.watch.keraslog import parse_keras_log

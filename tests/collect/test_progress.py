@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from runner import contract
 from runner.cli import app
-from runner.collect.progress import duration, metrics_text, standing
+from runner.collect.figures import metrics_text
+from runner.collect.progress import standing
+from runner.plan.budget import duration
 from runner.watch.rundir import Progress
 
 EPOCHS = [
@@ -27,9 +29,19 @@ def test_epoch_steps_eta_and_last_metrics() -> None:
     assert where.eta_s() == 2.75 * 30 - 4
     assert where.rows() == [
         ("progress", "epoch 3 of 5, step 15 of 60, 135 of 300 steps in all"),
-        ("eta", "about 1m 18s left  (30.0s per epoch)"),
+        ("eta", "about 1m18s left  (30.0s per epoch)"),  # runner.plan.budget.duration, as the plan says it
         ("last metrics", "epoch 2: loss 0.0900, accuracy 0.9720, val_loss 0.0700, val_accuracy 0.9780"),
     ]
+
+
+def test_a_finished_run_has_nothing_left_even_when_its_epochs_were_too_short_to_time() -> None:
+    """Keras prints "0s" for an epoch under half a second: such epochs give no speed, yet the last step of the last
+    epoch leaves nothing to wait for (a fast machine made `runner status` say the ETA was unknown)."""
+    quick = [{"epoch": n, "loss": 0.5, "epoch_time_s": 0.0} for n in (1, 2, 3)]
+    done = standing(Progress(time=100.0, epoch=3, epochs=3, step=29, steps_per_epoch=29), quick, now=104.0)
+    assert done.eta_s() == 0.0 and ("eta", "about 0s left") in done.rows()
+    going = standing(Progress(time=100.0, epoch=3, epochs=3, step=10, steps_per_epoch=29), quick, now=104.0)
+    assert going.eta_s() is None and not any(label == "eta" for label, _ in going.rows())
 
 
 def test_no_eta_before_an_epoch_ended_and_whatever_user_code_wrote() -> None:
@@ -39,7 +51,7 @@ def test_no_eta_before_an_epoch_ended_and_whatever_user_code_wrote() -> None:
         ("last metrics", "step 40: loss 1.5000, lr 0.0010")
     ]
     assert metrics_text({"epoch": "\x1b[2J1", "loss": True, "acc": float("nan")}) == "epoch ?[2J1"
-    assert [duration(s) for s in (0.4, 59, 61, 3600 * 2 + 125)] == ["0s", "59s", "1m 01s", "2h 02m"]
+    assert [duration(s) for s in (0.4, 59, 61, 3600 * 2 + 125)] == ["0.4s", "59s", "1m01s", "2h02m"]
 
 
 def test_status_of_a_training_run(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ Chromium (the charts decode, have ink, and plot one point per epoch; nothing is 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -44,13 +45,18 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     assert rows["report"].strip() == str(page)  # `runner submit` says where the report is
     assert rows["cost"].strip() == "$0: a local run pays for no TPU"
     assert "framework imported" in rows["startup"] and "first step" in rows["startup"]
-    for name in ("timeline", "loss", "accuracy", "speed"):
+    # where the machine's time went: a local run bills nothing, but its time is split all the same
+    assert re.match(r"\d+% of [\d.ms]+ machine time \(bills nothing\): [\d.ms]+ of productive steps$", rows["goodput"])
+    assert "checkpoint save" in rows["badput"] and "data" in rows["badput"]  # the trainer times both
+    for name in ("timeline", "goodput", "loss", "accuracy", "speed"):
         assert (page.parent / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     status = invoke("status", run_id)
-    assert "startup" in status.output and "cost" in status.output
+    assert "startup" in status.output and "cost" in status.output and "goodput" in status.output
     listing = invoke("list")
     assert "cost" in listing.output and "$0" in listing.output
+    header, line = [x for x in listing.output.splitlines() if x.startswith(("run ", run_id))][:2]
+    assert header.split()[-1] == "goodput" and re.search(r"\d+%$", line.rstrip()), listing.output
 
     # --json: the data the page shows, nothing written
     page.unlink()
@@ -77,7 +83,16 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     assert startup["missing"] == []
     phases = {p["name"] for p in data["timeline"]["phases"]}
     assert {"queue/provision", "framework import", "first step", "training", "teardown"} <= phases
+    goodput = data["goodput"]
+    causes = {c["cause"]: c["billed_s"] for c in goodput["causes"]}
+    assert sum(v or 0 for v in causes.values()) == pytest.approx(goodput["billed_s"], abs=0.01)
+    assert causes["productive"] > 0 and causes["data"] > 0 and causes["checkpoint_save"] > 0, causes
+    assert goodput["percent"] == pytest.approx(100 * causes["productive"] / goodput["billed_s"], abs=0.01)
+    assert goodput["usd"] is None and not goodput["billable"] and goodput["disruptions"] == []
+    # the end of submit added the same figures to summary.json
+    assert json.loads((run_dir / "summary.json").read_text())["goodput"]["billed_s"] == goodput["billed_s"]
     charts = {c["id"]: c["points"] for c in data["charts"]}
+    assert charts["goodput"] == {"causes": sum(1 for v in causes.values() if v)}
     assert charts["loss"] == {"loss": EPOCHS, "val_loss": EPOCHS}
     assert charts["accuracy"] == {"accuracy": EPOCHS, "val_accuracy": EPOCHS}
     assert charts["speed"] == {"examples_per_s": EPOCHS}
@@ -96,7 +111,7 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
         assert browser.evaluate("document.querySelectorAll('script[src], link[href], iframe').length") == 0
         embedded = json.loads(browser.evaluate("document.getElementById('report-data').textContent"))
         text = browser.evaluate("document.body.innerText")
-    assert set(images) == {"chart-timeline", "chart-loss", "chart-accuracy", "chart-speed"}
+    assert set(images) == {"chart-timeline", "chart-goodput", "chart-loss", "chart-accuracy", "chart-speed"}
     for image in images.values():
         assert image["decoded"] and image["complete"] and not image["external"], image
         assert image["naturalWidth"] > 300 and image["shownWidth"] > 300 and image["shownHeight"] > 150, image
@@ -105,12 +120,15 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     assert images["chart-accuracy"]["points"] == {"accuracy": EPOCHS, "val_accuracy": EPOCHS}
     assert images["chart-speed"]["points"] == {"examples_per_s": EPOCHS}
     assert images["chart-timeline"]["points"]["phases"] == len(data["timeline"]["phases"])
+    assert images["chart-goodput"]["points"] == charts["goodput"]
     assert embedded["run_id"] == run_id and len(embedded["metrics"]) == EPOCHS
     for words in (
         "Final metrics",
         "test accuracy",
         "DefaultStrategy",
         "Cost",
+        "Goodput",
+        "productive steps",
         "Startup",
         "first step",
         "Checkpoints",
@@ -214,5 +232,5 @@ def test_report_json_shape_of_a_run_directory(tmp_path: Path) -> None:
     }
     assert set(data["timeline"]) == {"origin", "attempts", "phases", "markers"}
     assert all(set(p) == {"name", "attempt", "start_s", "seconds", "evidence"} for p in data["timeline"]["phases"])
-    assert [c["id"] for c in data["charts"]] == ["timeline", "loss"]
+    assert [c["id"] for c in data["charts"]] == ["timeline", "goodput", "loss"]
     assert any("spec.yaml is corrupt" in w for w in data["warnings"])

@@ -79,9 +79,11 @@ def test_a_slice_is_created_all_at_once_and_each_vm_knows_its_place(emulator: Tp
     got = gce.policies.get(project=PROJECT, region=REGION, resource_policy="slice-2x2x2")
     assert (got.workload_policy.type_, got.workload_policy.accelerator_topology) == ("HIGH_THROUGHPUT", "2x2x2")
     tpl = template(gce, "slice-tpl", script=SLICE_SCRIPT)
+    emulator.compute.slow_create(600, zone=ZONE)  # its VMs' creation lasts, however slow this machine is
     gce.wait(group(gce, "slice", tpl, policy, 2))  # the group exists; its VMs come with time
     first = managed(gce, "slice")
     assert first and all(m.current_action == "CREATING" for m in first)
+    emulator.advance(600)
     wait_for(lambda: [m.instance_status for m in managed(gce, "slice")] == ["RUNNING", "RUNNING"])
     mig = gce.groups.get(project=PROJECT, zone=ZONE, instance_group_manager="slice")
     assert mig.status.is_stable and mig.target_size == 2
@@ -101,7 +103,7 @@ def test_a_slice_is_created_all_at_once_and_each_vm_knows_its_place(emulator: Tp
 
 
 def test_a_stockout_fails_the_whole_slice_and_the_group_retries(emulator: TpuEmulator, gce: Clients) -> None:
-    emulator.compute.stockout(ZONE, count=2)
+    emulator.compute.stockout(ZONE)  # until cleared
     gce.wait(group(gce, "gang", template(gce, "gang-tpl"), workload_policy(gce, "gang-policy"), 2))
     errors = wait_for(
         lambda: (
@@ -116,7 +118,7 @@ def test_a_stockout_fails_the_whole_slice_and_the_group_retries(emulator: TpuEmu
     assert "GCE_STOCKOUT" in planned[0].last_attempt.errors.errors[0].message
     mig = gce.groups.get(project=PROJECT, zone=ZONE, instance_group_manager="gang")
     assert not mig.status.is_stable
-    # The stockout is over (the fault's count used up): both VMs come at once.
+    emulator.compute.faults.clear("stockout")  # the stockout is over: both VMs come at once
     wait_for(lambda: [m.instance_status for m in managed(gce, "gang")] == ["RUNNING", "RUNNING"])
 
 
@@ -161,12 +163,6 @@ def test_a_flex_start_resize_request_creates_the_slice_for_its_run_duration(
     request = compute_v1.InstanceGroupManagerResizeRequest(
         name="run-1", resize_by=2, requested_run_duration=compute_v1.Duration(seconds=3600)
     )
-    op = gce.resize_requests.insert(
-        project=PROJECT,
-        zone=ZONE,
-        instance_group_manager="flex",
-        instance_group_manager_resize_request_resource=request,
-    )
 
     def state() -> str:
         return str(
@@ -175,7 +171,14 @@ def test_a_flex_start_resize_request_creates_the_slice_for_its_run_duration(
             ).state
         )
 
-    assert state() == "CREATING"
+    with emulator.frozen():  # CREATING lasts the emulator's create delay: held while it is read
+        op = gce.resize_requests.insert(
+            project=PROJECT,
+            zone=ZONE,
+            instance_group_manager="flex",
+            instance_group_manager_resize_request_resource=request,
+        )
+        assert state() == "CREATING"
     gce.wait(op)
     wait_for(lambda: state() == "SUCCEEDED")
     assert [m.instance_status for m in managed(gce, "flex")] == ["RUNNING", "RUNNING"]

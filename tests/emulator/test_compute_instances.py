@@ -42,7 +42,7 @@ def status_of(gce: Clients, name: str) -> str | None:
         return None
 
 
-def test_spot_instance_with_max_run_duration_is_created_read_and_deleted(gce: Clients) -> None:
+def test_spot_instance_with_max_run_duration_is_created_read_and_deleted(emulator: TpuEmulator, gce: Clients) -> None:
     sched = spot(instance_termination_action="DELETE", max_run_duration=compute_v1.Duration(seconds=3600))
     op = gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("run-1", sched=sched))
     assert op.status != compute_v1.Operation.Status.DONE  # never DONE in the answer that starts it
@@ -60,8 +60,9 @@ def test_spot_instance_with_max_run_duration_is_created_read_and_deleted(gce: Cl
     listed = gce.instances.list(request=query)
     assert [i.name for i in listed] == ["run-1"]
 
-    delete = gce.instances.delete(project=PROJECT, zone=ZONE, instance="run-1")
-    assert status_of(gce, "run-1") == "STOPPING"
+    with emulator.frozen():  # STOPPING lasts the emulator's delete delay: held while it is read
+        delete = gce.instances.delete(project=PROJECT, zone=ZONE, instance="run-1")
+        assert status_of(gce, "run-1") == "STOPPING"
     gce.wait(delete)
     assert status_of(gce, "run-1") is None
 
@@ -83,8 +84,9 @@ def test_an_operation_finishes_only_with_time(emulator: TpuEmulator, gce: Client
 
 def test_a_stockout_fails_the_operation_with_zone_resource_pool_exhausted(emulator: TpuEmulator, gce: Clients) -> None:
     emulator.compute.stockout(ZONE, count=1)
-    op = gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("stocked-out"))
-    assert status_of(gce, "stocked-out") == "PROVISIONING"  # accepted: the answer says nothing of capacity
+    with emulator.frozen():
+        op = gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("stocked-out"))
+        assert status_of(gce, "stocked-out") == "PROVISIONING"  # accepted: the answer says nothing of capacity
     done = gce.wait(op)
     assert [e.code for e in done.error.errors] == ["ZONE_RESOURCE_POOL_EXHAUSTED"]
     assert (done.http_error_status_code, done.http_error_message) == (503, "SERVICE UNAVAILABLE")
@@ -154,8 +156,9 @@ def test_preempting_a_spot_vm_terminates_it_and_leaves_a_preempted_operation(
     info = emulator.compute.instance("spot")
     assert info is not None and info.vm is not None
     wait_for(lambda: "booted" in info.console_log.read_text())
-    emulator.compute.preempt("spot")
-    assert status_of(gce, "spot") == "STOPPING"
+    with emulator.frozen():
+        emulator.compute.preempt("spot")
+        assert status_of(gce, "spot") == "STOPPING"
     wait_for(lambda: status_of(gce, "spot") == "TERMINATED")  # instanceTerminationAction STOP, the default
     assert "got SIGTERM" in info.console_log.read_text()
     query = compute_v1.ListZoneOperationsRequest(
@@ -247,13 +250,14 @@ def test_denied_and_failing_deletes_leave_the_vm_running(emulator: TpuEmulator, 
 
 
 def test_a_flex_start_vm_waits_pending_for_capacity(emulator: TpuEmulator, gce: Clients) -> None:
-    emulator.compute.stockout(ZONE, count=2)
+    emulator.compute.stockout(ZONE)  # until cleared
     flex = scheduling(
         "FLEX_START", instance_termination_action="DELETE", max_run_duration=compute_v1.Duration(seconds=7200)
     )
     op = gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("flex", sched=flex))
     assert not gce.wait(op).error.errors  # accepted: it waits for capacity instead of failing
     assert status_of(gce, "flex") == "PENDING"
+    emulator.compute.faults.clear("stockout")
     wait_for(lambda: status_of(gce, "flex") == "RUNNING")
     with pytest.raises(gexc.BadRequest, match="cannot be stopped"):
         gce.instances.stop(project=PROJECT, zone=ZONE, instance="flex")
@@ -267,9 +271,10 @@ def test_a_host_error_repairs_a_standard_vm_and_ends_a_spot_vm(emulator: TpuEmul
                 project=PROJECT, zone=ZONE, instance_resource=instance(name, sched=sched, script=script)
             )
         )
-    emulator.compute.host_error("std", seconds=0.5)
-    emulator.compute.host_error("spotty", seconds=0.5)
-    assert (status_of(gce, "std"), status_of(gce, "spotty")) == ("REPAIRING", "REPAIRING")
+    with emulator.frozen():  # REPAIRING lasts 0.5 s: held while it is read
+        emulator.compute.host_error("std", seconds=0.5)
+        emulator.compute.host_error("spotty", seconds=0.5)
+        assert (status_of(gce, "std"), status_of(gce, "spotty")) == ("REPAIRING", "REPAIRING")
     wait_for(lambda: (status_of(gce, "std"), status_of(gce, "spotty")) == ("RUNNING", "TERMINATED"))
     info = emulator.compute.instance("std")
     assert info is not None and info.vm is not None

@@ -72,11 +72,14 @@ def error_status(exc: gexc.GoogleAPICallError) -> str:
 # -- nodes ------------------------------------------------------------------------------------------------------
 
 
-def test_create_returns_an_operation_and_the_node_becomes_ready(client: tpu_v2.TpuClient) -> None:
-    op = create(client, "n1", labels={"managed-by": "tpu-runner"}, scheduling_config={"spot": True})
-    assert OP_NAME.match(op.operation.name)
-    assert op.metadata.verb == "create" and op.metadata.target == f"{PARENT}/nodes/n1"
-    assert client.get_node(name=f"{PARENT}/nodes/n1").state == tpu_v2.Node.State.CREATING
+def test_create_returns_an_operation_and_the_node_becomes_ready(
+    client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator
+) -> None:
+    with tpu_emulator.frozen():  # CREATING lasts this module's create_delay_s: held while it is read
+        op = create(client, "n1", labels={"managed-by": "tpu-runner"}, scheduling_config={"spot": True})
+        assert OP_NAME.match(op.operation.name)
+        assert op.metadata.verb == "create" and op.metadata.target == f"{PARENT}/nodes/n1"
+        assert client.get_node(name=f"{PARENT}/nodes/n1").state == tpu_v2.Node.State.CREATING
     node = op.result(polling=FAST)
     assert node.name == f"{PARENT}/nodes/n1"
     assert node.state == tpu_v2.Node.State.READY
@@ -93,14 +96,15 @@ def test_create_returns_an_operation_and_the_node_becomes_ready(client: tpu_v2.T
     assert done.done and done.response.type_url == "type.googleapis.com/google.cloud.tpu.v2.Node"
 
 
-def test_get_list_delete(client: tpu_v2.TpuClient) -> None:
+def test_get_list_delete(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
     for node_id in ("a1", "a2"):
         create(client, node_id).result(polling=FAST)
     assert sorted(n.name.rsplit("/", 1)[1] for n in client.list_nodes(parent=PARENT)) == ["a1", "a2"]
     assert list(client.list_nodes(parent=f"projects/{PROJECT}/locations/europe-west4-a")) == []
-    op = client.delete_node(name=f"{PARENT}/nodes/a1")
-    assert op.metadata.verb == "delete"
-    assert client.get_node(name=f"{PARENT}/nodes/a1").state == tpu_v2.Node.State.DELETING
+    with tpu_emulator.frozen():
+        op = client.delete_node(name=f"{PARENT}/nodes/a1")
+        assert op.metadata.verb == "delete"
+        assert client.get_node(name=f"{PARENT}/nodes/a1").state == tpu_v2.Node.State.DELETING
     op.result(polling=FAST)
     with pytest.raises(gexc.NotFound, match="a1"):
         client.get_node(name=f"{PARENT}/nodes/a1")
@@ -136,25 +140,25 @@ def test_answers_use_numeric_enums_only_when_asked(client: tpu_v2.TpuClient, tpu
 
 @pytest.fixture
 def slow_emulator(tmp_path: Path) -> Iterator[TpuEmulator]:
-    """Creates take a full second: long enough to tell "not yet" from "done" on a busy machine."""
+    """Creates take a full second: a VM that boots on time boots no sooner."""
     with TpuEmulator(workdir=tmp_path / "slow", create_delay_s=1.0, delete_delay_s=0.2, vm_grace_s=0.5) as emulator:
         yield emulator
 
 
-def test_an_operation_is_done_only_once_its_time_has_come(slow_emulator: TpuEmulator, tmp_path: Path) -> None:
-    client = tpu_client(slow_emulator)
-    url = f"{slow_emulator.endpoint}/v2/{PARENT}/nodes?nodeId=t1"
-    started = time.monotonic()
-    status, answer = http("POST", url, {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME})
-    assert status == 200 and "done" not in answer  # never done in the answer that starts it
-    early = client.get_operation({"name": answer["name"]})
-    assert time.monotonic() - started < 0.9, "the machine is too slow for this test"
-    assert not early.done and client.get_node(name=f"{PARENT}/nodes/t1").state == tpu_v2.Node.State.CREATING
-    time.sleep(max(0.0, 1.0 - (time.monotonic() - started)) + 0.05)
-    late = client.get_operation({"name": answer["name"]})  # the first read after its time finds it done
-    assert late.done and late.response.type_url.endswith("google.cloud.tpu.v2.Node")
-    status, deleting = http("DELETE", f"{slow_emulator.endpoint}/v2/{PARENT}/nodes/t1")
-    assert status == 200 and "done" not in deleting
+def test_an_operation_is_done_only_once_its_time_has_come(tmp_path: Path) -> None:
+    # Creates that take ten minutes: "not yet" on any machine, however busy; then the emulator's clock moves on.
+    with TpuEmulator(workdir=tmp_path / "slow", create_delay_s=600, delete_delay_s=0.2, vm_grace_s=0.5) as emulator:
+        client = tpu_client(emulator)
+        url = f"{emulator.endpoint}/v2/{PARENT}/nodes?nodeId=t1"
+        status, answer = http("POST", url, {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME})
+        assert status == 200 and "done" not in answer  # never done in the answer that starts it
+        early = client.get_operation({"name": answer["name"]})
+        assert not early.done and client.get_node(name=f"{PARENT}/nodes/t1").state == tpu_v2.Node.State.CREATING
+        emulator.advance(600)
+        late = client.get_operation({"name": answer["name"]})  # the first read after its time finds it done
+        assert late.done and late.response.type_url.endswith("google.cloud.tpu.v2.Node")
+        status, deleting = http("DELETE", f"{emulator.endpoint}/v2/{PARENT}/nodes/t1")
+        assert status == 200 and "done" not in deleting
 
 
 def test_a_node_boots_on_time_even_if_nobody_polls(slow_emulator: TpuEmulator) -> None:
@@ -185,8 +189,9 @@ def test_a_failure_is_only_in_the_operation(client: tpu_v2.TpuClient, tpu_emulat
 def test_a_failing_delete_leaves_the_node_as_it_was(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
     name = create(client, "df1").result(polling=FAST).name
     tpu_emulator.delete_fails(ZONE, node="df*", count=1, status="FAILED_PRECONDITION", message="Not now.")
-    op = client.delete_node(name=name)
-    assert client.get_node(name=name).state == tpu_v2.Node.State.DELETING
+    with tpu_emulator.frozen():  # it fails after this module's delete_delay_s: DELETING until then
+        op = client.delete_node(name=name)
+        assert client.get_node(name=name).state == tpu_v2.Node.State.DELETING
     with pytest.raises(gexc.FailedPrecondition, match="Not now") as caught:
         op.result(polling=FAST)
     status = caught.value.errors[0]
@@ -215,13 +220,15 @@ def test_an_internal_delete_failure_over_the_admin_api(client: tpu_v2.TpuClient,
 
 def test_slow_delete(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
     name = create(client, "sd1").result(polling=FAST).name
-    tpu_emulator.slow_delete(0.7, zone=ZONE, count=1)
-    started = time.monotonic()
+    tpu_emulator.slow_delete(600, zone=ZONE, count=1)
     op = client.delete_node(name=name)
     time.sleep(0.4)  # four times this module's delete_delay_s of 0.1
     assert client.get_node(name=name).state == tpu_v2.Node.State.DELETING
+    assert not client.get_operation({"name": op.operation.name}).done
+    tpu_emulator.advance(600)  # the slow deletion's time has come
     op.result(polling=FAST)
-    assert time.monotonic() - started >= 0.7
+    with pytest.raises(gexc.NotFound):
+        client.get_node(name=name)
 
 
 # -- names already taken -----------------------------------------------------------------------------------------
@@ -454,13 +461,13 @@ def unpack(details: Any, kind: type[Message]) -> Any:
 
 
 def test_slow_create(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:
-    tpu_emulator.slow_create(0.7, zone=ZONE, count=1)
-    started = time.monotonic()
+    tpu_emulator.slow_create(600, zone=ZONE, count=1)
     op = create(client, "slow")
     time.sleep(0.4)  # twice this module's create_delay_s of 0.2
     assert client.get_node(name=f"{PARENT}/nodes/slow").state == tpu_v2.Node.State.CREATING
-    op.result(polling=FAST)
-    assert time.monotonic() - started >= 0.7
+    assert not client.get_operation({"name": op.operation.name}).done
+    tpu_emulator.advance(600)  # the slow create's time has come
+    assert op.result(polling=FAST).state == tpu_v2.Node.State.READY
 
 
 def test_preempted_node_stays_until_deleted(client: tpu_v2.TpuClient, tpu_emulator: TpuEmulator) -> None:

@@ -134,8 +134,9 @@ def test_multislice_queued_resource_and_preemption(client: tpu_v2.TpuClient, tpu
         assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "'10.130.0.2:8080'" and env["MEGASCALE_PORT"] == "'8080'"
         assert env["NODE_ID"] == f"'slice-{slice_id}'"
     assert nodes["slice-1"].network_endpoints[0].ip_address != nodes["slice-0"].network_endpoints[0].ip_address
-    tpu_emulator.preempt("slice-1")
-    assert qr_state(client, name) == "SUSPENDING"
+    with tpu_emulator.frozen():  # SUSPENDING lasts this module's delete delay: held while it is read
+        tpu_emulator.preempt("slice-1")
+        assert qr_state(client, name) == "SUSPENDING"
     wait_for(lambda: qr_state(client, name) == "SUSPENDED")  # the service deletes every slice...
     assert list(client.list_nodes(parent=PARENT)) == []
     state = client.get_queued_resource(name=name).state

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from google.cloud import tpu_v2
 from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
+from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 from tpu_emulator.vm import marked_pids
 
@@ -73,14 +74,25 @@ def boot(
     return client.create_node(parent=PARENT, node_id=node_id, node=node).result(polling=FAST).name
 
 
-def wait_file(path: Path, timeout_s: float = 30.0) -> str:
+def wait_file(path: Path, timeout_s: float = 30.0, ready: Callable[[str], bool] = bool) -> str:
+    """The file's text once `ready` holds for it (by default: once it has any; a script's `> file` creates it
+    empty before the command writes), however long a loaded machine takes."""
+
+    def text() -> str | None:
+        try:
+            read = path.read_text()
+        except FileNotFoundError:
+            return None
+        return read if ready(read) else None
+
+    found = text()
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while found is None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not appear; console: {console(path.parent)}")
         time.sleep(0.05)
-    time.sleep(0.05)
-    return path.read_text()
+        found = text()
+    return found
 
 
 def console(directory: Path) -> str:
@@ -116,7 +128,7 @@ def test_the_vm_reads_its_metadata_server(client: tpu_v2.TpuClient, tpu_emulator
     )
     name = boot(client, "meta", script, metadata={"tpu-runner-run-dir": "gs://bucket/runs/r1"})
     vm = tpu_emulator.node(name).vms[0]  # type: ignore[union-attr]
-    wait_file(vm.directory / "done")
+    wait_file(vm.directory / "done", ready=lambda _: True)
     read = lambda f: (vm.directory / f).read_text()  # noqa: E731
     assert read("worker") == "0"
     token = json.loads(read("token"))
@@ -301,9 +313,7 @@ def test_missing_image_makes_pull_and_run_fail(client: tpu_v2.TpuClient, tpu_emu
     script = f'docker pull {IMAGE}; echo "pull=$?" > result\ndocker run --rm {IMAGE}; echo "run=$?" >> result\n'
     name = boot(client, "noimage", script)
     vm = tpu_emulator.node(name).vms[0]  # type: ignore[union-attr]
-    wait_file(vm.directory / "result")
-    time.sleep(0.5)
-    assert (vm.directory / "result").read_text().split() == ["pull=1", "run=125"]
+    assert wait_file(vm.directory / "result", ready=lambda t: "run=" in t).split() == ["pull=1", "run=125"]
     log = console(vm.directory)
     assert f"Error response from daemon: manifest for {IMAGE} not found: manifest unknown" in log
     assert f"Unable to find image '{IMAGE}' locally" in log
@@ -343,7 +353,7 @@ def test_a_ready_node_whose_startup_script_never_starts(quick_emulator: TpuEmula
     assert not (info.console_logs[0].parent / "started").exists()
     # The fault is used up: the next node runs its script.
     other = boot(client, "fine", "touch started\n")
-    assert wait_file(quick_emulator.node(other).console_logs[0].parent / "started", 10) == ""  # type: ignore[union-attr]
+    assert wait_file(quick_emulator.node(other).console_logs[0].parent / "started", 10, lambda _: True) == ""  # type: ignore[union-attr]
 
 
 def test_a_failed_deletion_leaves_the_vms_running(quick_emulator: TpuEmulator) -> None:
@@ -506,7 +516,7 @@ def test_a_clock_skew_fault_gives_the_vm_its_own_clock_and_leaves_the_api_s(quic
     name = boot(client, "skewed", script)
     vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
     vm_date = int(wait_file(vm.directory / "vm-date"))
-    wait_file(vm.directory / "ran")
+    wait_file(vm.directory / "ran", ready=lambda _: True)
     written = json.loads((vm.directory / "run" / contract.exit_key(0)).read_text())["finished_at"]
     assert 3590 < vm_date - before < 3660 and 3590 < written - before < 3660
     created = client.get_node(name=name).create_time.timestamp()
@@ -518,12 +528,18 @@ def test_a_node_can_be_stopped_or_shown_in_a_maintenance_state(quick_emulator: T
     name = boot(client, "maintained", "echo up > up\nwhile true; do sleep 0.1; done\n")
     vm = quick_emulator.node(name).vms[0]  # type: ignore[union-attr]
     wait_file(vm.directory / "up")
-    quick_emulator.maintain("maintained", "REPAIRING", seconds=0.5)
+    quick_emulator.maintain("maintained", "REPAIRING", seconds=None)  # until it is ended
     assert client.get_node(name=name).state == tpu_v2.Node.State.REPAIRING
-    time.sleep(0.7)
+    quick_emulator.end_maintenance("maintained")
     assert client.get_node(name=name).state == tpu_v2.Node.State.READY and processes.process_alive(vm.pid)
-    quick_emulator.stop_node("maintained")
-    assert client.get_node(name=name).state == tpu_v2.Node.State.STOPPING
+    with quick_emulator.frozen():  # the states hold, however slow this machine is between the calls
+        quick_emulator.maintain("maintained", "HIDDEN", seconds=0.5)
+        assert client.get_node(name=name).state == tpu_v2.Node.State.HIDDEN
+    wait_for(lambda: client.get_node(name=name).state == tpu_v2.Node.State.READY, "READY after 0.5 s of HIDDEN")
+    assert processes.process_alive(vm.pid)
+    with quick_emulator.frozen():
+        quick_emulator.stop_node("maintained")
+        assert client.get_node(name=name).state == tpu_v2.Node.State.STOPPING
     deadline = time.monotonic() + 10
     while client.get_node(name=name).state != tpu_v2.Node.State.STOPPED:
         assert time.monotonic() < deadline, "never STOPPED"

@@ -218,7 +218,7 @@ def test_a_shutdown_signal_stops_the_job_but_leaves_the_node_to_the_runner(tmp_p
     proc = subprocess.Popen(
         ["bash", "-c", script], env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for(lambda: (log / "running").exists(), what="the container running")
+    wait_for((log / "running").exists, "the container to run")  # the signal only once it does, however slow
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) != 0
     assert "stop --time 87 tpu-runner-job" in (log / "docker.log").read_text()  # an on-demand VM's grace
@@ -331,3 +331,39 @@ def test_normal_values_on_the_metadata_server_stop_nothing(tmp_path: Path) -> No
     (log / "finish").touch()
     assert proc.wait(60) == 0
     assert "stop " not in (log / "docker.log").read_text()
+
+
+def test_the_bootstraps_crc32c_is_the_one_secret_manager_sends(tmp_path: Path) -> None:
+    """A secret's payload is checked on the VM with bash and od alone (what every TPU VM has), against the
+    dataCrc32c Secret Manager sends: the same CRC32C (Castagnoli) as google-crc32c's."""
+    import re
+
+    import google_crc32c
+
+    function = re.search(r"^crc32c\(\) \{.*?^\}\n", TEMPLATE.read_text(), re.S | re.M)
+    assert function is not None
+    for i, data in enumerate([b"", b"a", b"hunter2\n", bytes(range(256)), os.urandom(4096)]):
+        path = tmp_path / f"payload-{i}"
+        path.write_bytes(data)
+        out = subprocess.run(
+            ["bash", "-c", function.group(0) + 'crc32c "$1"', "crc32c", str(path)],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert out == str(google_crc32c.value(data)), data[:16]
+
+
+def test_secrets_render_as_references_only_and_stay_shellcheck_clean(tmp_path: Path) -> None:
+    spec = cloud_spec(
+        secrets={
+            "WANDB_API_KEY": "wandb/versions/latest",
+            "KEY": {"ref": "projects/p-123456/secrets/k/versions/2", "as": "file"},
+        }
+    )
+    rendered = render(plan_cloud(spec, None, environ={}), "us-central1-b")
+    assert (
+        "SECRETS='KEY file projects/p-123456/secrets/k/versions/2\n"
+        "WANDB_API_KEY env projects/my-project/secrets/wandb/versions/latest\n'"
+    ) in rendered
+    path = tmp_path / "rendered.sh"
+    path.write_text(rendered)
+    assert shellcheck(path).returncode == 0

@@ -25,14 +25,8 @@ from runner.train.checkpoints import read_manifest
 from runner.watch.runs import RunRecord
 from tests.containers import GROUP
 from tests.launch.test_docker import image_requirements, locked
-from tests.train.test_trainer import (
-    EXACT,
-    SAVED_ON_SIGTERM,
-    job_pid,
-    mid_epoch,
-    rows,
-    sigterm_pending,
-)
+from tests.stops import FAST_PROGRESS, freeze_mid_epoch, job_pid, sigterm_pending
+from tests.train.test_trainer import EXACT, SAVED_ON_SIGTERM, rows
 from tests.waiting import wait_for
 from tpu_emulator.registry import machine_ca_certs
 
@@ -86,8 +80,15 @@ def test_the_cpu_image_is_built_once_checked_and_small(container_engine: Engine,
 
 
 def test_the_builtin_trainer_trains_in_the_container(
-    use_container_engine: Engine, cpu_image: build.ImageResult, tmp_path: Path, runner_home: Path, mnist_npz: Path
+    use_container_engine: Engine,
+    cpu_image: build.ImageResult,
+    tmp_path: Path,
+    runner_home: Path,
+    mnist_npz: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    cache = tmp_path / "startup"
+    monkeypatch.setenv(contract.CACHE_DIR, str(cache))  # this machine's start-up cache, as the runner finds it
     spec = tmp_path / "job.yaml"
     spec.write_text(
         textwrap.dedent(f"""\
@@ -111,6 +112,11 @@ def test_the_builtin_trainer_trains_in_the_container(
     assert (exit_record["state"], exit_record["exit_code"]) == ("succeeded", 0)
     # The data cache reached the container read-only at /data, as the runner mounts it.
     assert f"{container.CONTAINER_DATA_DIR}/{mnist_npz.name}" in (run_dir / contract.log_key(0)).read_text()
+    # The start-up cache reached it read-write: a calibration made inside is kept on this machine for the next run.
+    perf = summary["perf"]
+    if perf["precision_source"] == "calibrated":
+        assert not perf["precision_reason"].endswith("(not cached)")
+        assert len(list((cache / "calibration").glob("*.json"))) == 1
 
 
 def test_a_command_job_runs_the_code_runner_build_put_in_the_image(
@@ -168,23 +174,17 @@ def host_pid(engine: Engine, name: str, pid_inside: int) -> int:
     raise AssertionError(f"no process {pid_inside} in container {name}")
 
 
-class _Container:
-    """A running container, as the trainer tests' mid_epoch() asks a process: poll() is None until the job has
-    ended by positive evidence (its exit record, or the engine saying the container exited), so an inspection that
-    fails while the engine is busy is not taken for the job's end."""
-
-    def __init__(self, engine: Engine, name: str, run_dir: Path) -> None:
-        self.engine, self.name, self.run_dir = engine, name, run_dir
-
-    def poll(self) -> int | None:
-        if (self.run_dir / contract.exit_key(0)).exists():
-            return 0
-        state = self.engine.run("inspect", "--format", "{{.State.Status}}", self.name).stdout.strip()
-        return 0 if state in ("exited", "stopped", "dead") else None
+def container_ended(engine: Engine, name: str, run_dir: Path) -> str | None:
+    """Why the container's job can no longer be stopped mid-epoch, or None while it runs: it ended by positive
+    evidence (its exit record, or the engine saying the container exited), so an inspection that fails while the
+    engine is busy is not taken for the job's end."""
+    if (run_dir / contract.exit_key(0)).exists():
+        return (run_dir / contract.log_key(0)).read_text()[-3000:]
+    state = engine.run("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+    return f"the container is {state}" if state in ("exited", "stopped", "dead") else None
 
 
-# The process tests' job with 4x the examples: an epoch lasts seconds even on a fast CPU, so the window between
-# seeing an epoch after the first under way and freezing the trainer (both through the engine) stays inside it.
+# The process tests' job with 4x the examples: an epoch lasts seconds even on a fast CPU.
 IN_CONTAINER = {**EXACT, "max_train_examples": 8192}
 STEPS = 8192 // 8
 
@@ -202,18 +202,28 @@ def test_sigterm_mid_epoch_in_the_container_saves_exactly_and_runner_resume_goes
     spec.write_text(
         f"name: stopped\nimage: {cpu_image.reference}\ntraining: {training}\nstorage: {tmp_path / 'store'}\n"
     )
-    started = subprocess.run(
-        [*RUNNER, "submit", str(spec), "--local", "--detach"], capture_output=True, text=True, timeout=300
+    started = subprocess.run(  # progress.json every 0.1 s: where the test freezes the trainer (tests/stops)
+        [*RUNNER, "submit", str(spec), "--local", "--detach"],
+        env={**os.environ, "RUNNER_TIMINGS": FAST_PROGRESS},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     record = only_record(runner_home)
     run_dir, name = Path(record.run_dir), f"runner-{record.run_id}"  # the container the local backend names
     try:
-        seen = wait_for(lambda: mid_epoch(run_dir, _Container(engine, name, run_dir)), "an epoch after the first", 600)
-        assert isinstance(seen, dict)
-        # Freeze the trainer where it was seen, so the SIGTERM lands mid-epoch however loaded this machine is.
-        pid = host_pid(engine, name, job_pid(run_dir))
-        os.kill(pid, signal.SIGSTOP)
+        inside = wait_for(lambda: job_pid(run_dir), "the trainer to start in the container", 600)
+        pid = host_pid(engine, name, inside)
+        # Frozen mid-epoch (tests/stops), so the SIGTERM lands there however loaded this machine is.
+        seen = freeze_mid_epoch(
+            run_dir / contract.PROGRESS,
+            pid,
+            lambda: container_ended(engine, name, run_dir),
+            "the trainer in the container",
+            after_epoch=1,
+            timeout=600,
+        )
         stop = subprocess.Popen(engine.command("stop", "--time", "60", name), env=engine.env(), stdout=subprocess.PIPE)
         wait_for(lambda: sigterm_pending(pid), "docker stop's SIGTERM to reach the trainer", timeout=60)
         os.kill(pid, signal.SIGCONT)

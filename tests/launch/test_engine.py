@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import contract
 from runner.backends import container
 from runner.errors import BackendError, UsageError
 from runner.launch import engine
@@ -98,9 +99,19 @@ def test_plan_launch_runs_the_same_command_line_under_either_engine(
     assert f"{data}:/data:ro" in launch.argv and launch.argv[-1] == "img:1"
     assert {k: launch.env[k] for k in written} == written  # the CLI runs with the project's settings
     monkeypatch.setenv("STAND_IN_DOCKER", "24.0.7")
-    launch = container.plan_launch("img:1", {"SECRET": "x"}, name="n", data_dir=data, storage_root=tmp_path)
+    cache = tmp_path / "startup"  # made when missing: a run adds to it
+    launch = container.plan_launch(
+        "img:1", {"SECRET": "x"}, name="n", data_dir=data, storage_root=tmp_path, cache_dir=cache
+    )
     assert launch.mode == "docker" and launch.argv[:2] == ["docker", "run"]
     assert not set(written) & set(launch.env)
+    # The start-up cache, read-write, where the trainer inside looks for it.
+    assert f"{cache}:{container.CONTAINER_CACHE_DIR}" in launch.argv and cache.is_dir()
+    assert launch.env[contract.CACHE_DIR] == container.CONTAINER_CACHE_DIR
+    cache.rmdir()
+    cache.write_text("")  # not a directory: no mount, and the trainer inside keeps its own default
+    launch = container.plan_launch("img:1", {}, name="n", data_dir=data, storage_root=tmp_path, cache_dir=cache)
+    assert contract.CACHE_DIR not in launch.env and not any(str(cache) in a for a in launch.argv)
     # An image the engine does not have: the entrypoint as a process, saying why; or an error if asked for one.
     launch = container.plan_launch("img:2", {}, name="n", data_dir=None, storage_root=None)
     assert launch.mode == "process" and "image img:2 is not present in Docker 24.0.7" in launch.reason

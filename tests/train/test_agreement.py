@@ -18,7 +18,8 @@ from runner.backends.local.backend import worker_envs
 from runner.train.agreement import MAX_EVERY, TARGET_S, Agreement
 from runner.train.callbacks import StopSignal
 from runner.train.checkpoints import read_manifest
-from tests.train.test_trainer import SAVED_ON_SIGTERM, rows, sigterm_pending, worker_env
+from tests.stops import freeze_mid_epoch, job_pid, sigterm_pending
+from tests.train.test_trainer import SAVED_ON_SIGTERM, rows, worker_env
 from tests.waiting import wait_for
 
 
@@ -158,22 +159,6 @@ def start_workers(run: Path, mnist_npz: Path, framework: str) -> list[subprocess
     return procs
 
 
-def trainer_pid(run: Path, worker: int) -> int | None:
-    try:
-        lines = (run / contract.events_key(f"worker-{worker}")).read_text().splitlines()
-    except OSError:
-        return None
-    return next((int(e["pid"]) for e in map(json.loads, lines) if e["event"] == "job_started"), None)
-
-
-def in_first_half(run: Path) -> bool:
-    try:
-        progress = json.loads((run / contract.PROGRESS).read_text())
-    except (OSError, ValueError):
-        return False
-    return 0 < progress["step"] < progress["steps_per_epoch"] // 2
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tensorflow"])
 def test_a_sigterm_on_one_worker_stops_both_at_one_step_and_the_resume_loses_none(
@@ -183,10 +168,14 @@ def test_a_sigterm_on_one_worker_stops_both_at_one_step_and_the_resume_loses_non
     that exact step, and two workers started again train exactly the steps left."""
     run = tmp_path / "run"
     procs = start_workers(run, mnist_npz, framework)
-    wait_for(lambda: in_first_half(run), "the first half of the epoch", timeout=240, poll_s=0.002)
-    pid = trainer_pid(run, 1)
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # worker 1 (and so worker 0, in the step's collective) held mid-epoch
+    pid = wait_for(lambda: job_pid(run, 1), "worker 1's trainer to start", timeout=240)
+    # worker 1 (and so worker 0, in the step's collective) held mid-epoch, where worker 0's progress.json shows it
+    freeze_mid_epoch(
+        run / contract.PROGRESS,
+        pid,
+        lambda: next((p.communicate()[0][-3000:] for p in procs if p.poll() is not None), None),
+        "the two workers",
+    )
     procs[1].send_signal(signal.SIGTERM)  # to worker 1's supervisor only, which forwards it
     wait_for(lambda: sigterm_pending(pid), "the supervisor to forward SIGTERM", timeout=30)
     os.kill(pid, signal.SIGCONT)

@@ -24,14 +24,22 @@ TINY = {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256}
 MLP = {"model": "mnist_mlp"}
 
 
-def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Path, mnist_npz: Path) -> None:
+def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(
+    tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One run directory, three trainer starts (each imports an engine and compiles: the expensive part): JAX anew,
     then TensorFlow resumed from JAX's checkpoint and JAX again from TensorFlow's. A checkpoint crosses engines only
     when it loads whole; tf_keras (Keras 2) archives, which do not, are refused in test_trainer.py. JAX resuming its
-    own checkpoint, mid-epoch and step-exact, is test_trainer.py's test_sigterm_mid_epoch_...[jax]."""
+    own checkpoint, mid-epoch and step-exact, is test_trainer.py's test_sigterm_mid_epoch_...[jax]. The second JAX
+    start loads the first one's compiled programs from the start-up cache instead of compiling them again."""
     run = tmp_path / "run"
+    cache = tmp_path / "startup"  # empty: the first JAX start compiles everything
+    monkeypatch.setenv(contract.CACHE_DIR, str(cache))
     first = train(run, mnist_npz, framework="jax", epochs=2, **MLP)
     assert first.returncode == 0, first.stdout[-3000:]
+    assert "loaded from the start-up cache" not in first.stdout
+    assert "persistent compilation cache" not in first.stdout + first.stderr  # no warning: it could be read and written
+    assert list((cache / "jax").iterdir())  # the programs it compiled, kept for the next start
     assert "strategy: DataParallel on CPU, 1 replica (cpu:0); JAX 0." in first.stdout
     assert "XLA always (JAX)" in first.stdout
     metrics = rows(run / contract.METRICS)
@@ -69,6 +77,7 @@ def test_jax_trains_writes_the_contract_resumes_and_crosses_engines(tmp_path: Pa
     assert on_jax.returncode == 0, on_jax.stdout[-3000:]
     assert "ckpt-000003.keras was written by the tensorflow engine; under jax it loaded whole" in on_jax.stdout
     assert "resumed from ckpt-000003.keras: epoch 3 done, optimizer step 12" in on_jax.stdout
+    assert f"compiled programs are loaded from the start-up cache ({cache / 'jax'})" in on_jax.stdout
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert (summary["framework"], summary["global_step"], summary["optimizer_iterations"]) == ("jax", 16, 16)
     assert summary["steps_this_attempt"] == 4

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,3 +38,36 @@ def test_accelerators_and_requests() -> None:
     assert (asked.precision, asked.precision_source, asked.steps_per_execution) == ("mixed_bfloat16", "requested", 4)
     with pytest.raises(ValueError, match="precision 'float8'"):
         jaxperf.plan_for("cpu", 58, requested_precision="float8", cpuinfo=ZEN4)
+
+
+def test_the_compile_cache_is_the_start_up_caches_unless_the_user_chose_one(tmp_path: Path) -> None:
+    """Set before JAX is imported (JAX settles at its first compile whether a process uses a cache), in a process
+    of its own: the start-up cache's jax/ folder; a folder the user gave JAX is kept; one that cannot be made, none."""
+    code = (
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "from runner.train import jaxperf\n"
+        "found = jaxperf.compile_cache(Path(sys.argv[1]))\n"
+        "print(json.dumps([str(found) if found else None, 'jax' in sys.modules,\n"
+        "                  {k: v for k, v in os.environ.items() if k.startswith('JAX_')}]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+
+    def run(root: Path, **extra: str) -> list[object]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(root)], env={**env, **extra}, capture_output=True, text=True, check=True
+        )
+        return list(json.loads(done.stdout))
+
+    found, imported, variables = run(tmp_path / "startup")
+    assert found == str(tmp_path / "startup" / "jax") and (tmp_path / "startup" / "jax").is_dir() and not imported
+    assert variables == {
+        "JAX_COMPILATION_CACHE_DIR": found,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": str(jaxperf.CACHE_MIN_COMPILE_S),
+    }
+    assert run(tmp_path / "other", JAX_COMPILATION_CACHE_DIR="/mine")[::2] == [
+        None,
+        {"JAX_COMPILATION_CACHE_DIR": "/mine"},
+    ]
+    (tmp_path / "file").write_text("")
+    assert run(tmp_path / "file")[::2] == [None, {}]  # a file where the folder would be: no cache, the run goes on

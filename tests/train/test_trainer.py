@@ -19,7 +19,8 @@ import pytest
 from runner import contract
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
-from runner.train.perf import CPU_FLAGS_ENV
+from runner.train.cpu import CPU_FLAGS_ENV
+from tests.stops import PROGRESS_S, freeze_mid_epoch, job_pid, sigterm_pending
 from tests.train.test_checkpoints import weights_offset
 from tests.waiting import wait_for
 
@@ -33,7 +34,9 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
     cfg = TrainingSpec.model_validate(
         {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256, **training}
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
+    # The start-up cache is the machine's (~/.cache/tpu-runner/startup), or the test's own where it set one.
+    kept = (contract.CACHE_DIR,)
+    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
     env.update(
         {
             contract.RUN_DIR: str(run_dir),
@@ -44,6 +47,7 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
             # from this machine's timings (tests/bench and the perf tests cover both paths). The CNN's dropout
             # kernel is still timed; the first test runs both kernels.
             CPU_FLAGS_ENV: NO_NATIVE_BF16,
+            contract.PROGRESS_S: PROGRESS_S,  # where a test that freezes the trainer reads its step (tests/stops)
         }
     )
     return env
@@ -64,18 +68,20 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path) -> None:
+def test_trains_writes_the_contract_and_resumes(
+    tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = tmp_path / "run"
-    data = tmp_path / "data"  # a data cache of its own, so that its calibration can be edited
-    data.mkdir()
-    (data / mnist_npz.name).symlink_to(mnist_npz)
-    first = train(run, data / mnist_npz.name, epochs=1)
+    cache = tmp_path / "startup"  # a start-up cache of its own: empty at first, and its calibration can be edited
+    monkeypatch.setenv(contract.CACHE_DIR, str(cache))
+    first = train(run, mnist_npz, epochs=1)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DefaultStrategy on CPU, 1 replica" in first.stdout
     # The CNN's dropout kernel was timed on this CPU (Keras' own against one XLA kernel) and the faster one kept.
     perf_one = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert perf_one["precision_source"] == "calibrated"
     assert perf_one["calibration"]["candidates"] == ["float32", "float32+xla_dropout"]
+    assert "perf: float32 (calibrated: float32 " in first.stdout
     (m1,) = rows(run / contract.METRICS)
     assert m1["epoch"] == 1 and m1["examples_per_s"] > 0 and 0 <= m1["val_accuracy"] <= 1
     (entry,) = read_manifest(run / contract.CHECKPOINTS)
@@ -88,20 +94,32 @@ def test_trains_writes_the_contract_and_resumes(tmp_path: Path, mnist_npz: Path)
 
     # Same run directory, more epochs: continues from the checkpoint (epoch and optimizer state), under the other
     # dropout kernel (the cached choice flipped): a checkpoint is plain Keras whichever kernel wrote it.
-    cache = data / "perf-calibration.json"
-    entries = json.loads(cache.read_text())
+    (entry_file,) = (cache / "calibration").glob("*.json")
+    stored = json.loads(entry_file.read_text())
     other, kernel = ("float32", "keras") if perf_one["dropout"] == "xla" else ("float32+xla_dropout", "xla")
-    cache.write_text(json.dumps({key: {**entry, "variant": other} for key, entry in entries.items()}))
-    second = train(run, data / mnist_npz.name, epochs=3)
+    entry_file.write_text(json.dumps({**stored, "value": {**stored["value"], "variant": other}}))
+    second = train(run, mnist_npz, epochs=3)
     assert second.returncode == 0, second.stdout[-3000:]
     perf_two = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert (perf_two["precision_source"], perf_two["dropout"]) == ("cached", kernel)
+    assert "perf: float32 (cached from " in second.stdout  # the log says the choice came from the cache
     assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
     # Once per attempt, where it went on from and the steps trained again (the first attempt reached step 4).
     said = "resumed from step 4 (Keras, checkpoints/ckpt-000001.keras); 0 steps redone"
     assert f"[trainer] {said}" in second.stdout and "resumed from step" not in first.stdout
     events = [json.loads(line) for line in (run / contract.events_key("trainer-0")).read_text().splitlines()]
     assert [e["text"] for e in events if e["event"] == "resumed_from_checkpoint"] == [said]
+    # What took time beside the steps, for the run's goodput: each attempt's data, each save, the second's restore.
+    took = [(e["event"], e.get("step") or e.get("stage")) for e in events if isinstance(e.get("seconds"), float)]
+    assert took == [
+        ("data_loaded", None),
+        ("checkpoint_saved", 4),
+        ("checkpoint_restored", "verify"),
+        ("data_loaded", None),
+        ("checkpoint_restored", "load"),
+        ("checkpoint_saved", 8),
+        ("checkpoint_saved", 12),
+    ]
     assert "Epoch 1/3" not in second.stdout
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
     summary = json.loads((run / contract.SUMMARY).read_text())
@@ -207,32 +225,6 @@ SAVED_ON_SIGTERM = re.compile(
 )
 
 
-def job_pid(run: Path) -> int:
-    events = [json.loads(line) for line in (run / "events" / "worker-0.jsonl").read_text().splitlines()]
-    return int(next(e["pid"] for e in events if e["event"] == "job_started"))
-
-
-def sigterm_pending(pid: int) -> bool:
-    """Whether SIGTERM waits for the (stopped) process: the supervisor has forwarded it."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("ShdPnd:"):
-            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-    return False
-
-
-def mid_epoch(run: Path, proc: subprocess.Popen[str]) -> dict | None:
-    """progress.json when it shows an epoch after the first in progress; None while it does not yet. The file is read
-    before the job is asked whether it ended, so a slow answer to that (a container engine's) misses no window."""
-    try:
-        progress = json.loads((run / contract.PROGRESS).read_text())
-    except (OSError, ValueError):
-        progress = None
-    if progress and progress["epoch"] >= 2 and 0 < progress["step"] < progress["steps_per_epoch"]:
-        return progress
-    assert proc.poll() is None, "the job ended before it was seen mid-epoch"
-    return None
-
-
 ENGINES = {"keras3": {"keras": "keras3"}, "tf_keras": {"keras": "tf_keras"}, "jax": {"framework": "jax"}}
 
 
@@ -257,14 +249,16 @@ def test_sigterm_mid_epoch_saves_exactly_and_the_resume_trains_the_same_steps(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    seen = wait_for(
-        lambda: mid_epoch(run, proc), "progress.json to show an epoch after the first in progress", poll_s=0.002
+    pid = wait_for(lambda: job_pid(run), "the trainer to start")
+    # Frozen mid-epoch (tests/stops), so the SIGTERM lands there however loaded this machine is; the supervisor
+    # forwards it as it would a preemption's, and the trainer acts on it at its next step end.
+    seen = freeze_mid_epoch(
+        run / contract.PROGRESS,
+        pid,
+        lambda: None if proc.poll() is None else proc.communicate()[0][-3000:],
+        "the trainer",
+        after_epoch=1,
     )
-    assert isinstance(seen, dict)
-    # Freeze the trainer where it was seen, so the SIGTERM lands mid-epoch however loaded this machine is; the
-    # supervisor forwards it as it would a preemption's, and the trainer acts on it at its next step end.
-    pid = job_pid(run)
-    os.kill(pid, signal.SIGSTOP)
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: sigterm_pending(pid), "the supervisor to forward SIGTERM", timeout=30)
     os.kill(pid, signal.SIGCONT)

@@ -20,6 +20,7 @@ from runner.watch.events import read_events
 from runner.watch.follow import Sight, follow
 from runner.watch.rundir import ExitRecord, read_snapshot
 from runner.watch.state import RunState
+from tests.waiting import wait_for
 from tpu_emulator.flaky_proxy import FlakyProxy
 
 
@@ -35,16 +36,17 @@ def test_following_through_an_outage_waits_says_so_and_ends_on_the_exit_record(
         url = f"gs://runner-test/{uuid.uuid4().hex}/runs/r"
         store = open_storage(url, patience_s=2)
         store.write_bytes("logs/worker-0.log", b"before\n")
-        proxy.outage("blackhole", seconds=4)
+        proxy.outage("blackhole")  # until the follower has said so: however late a loaded machine starts it
         writer = open_storage(url, patience_s=30)  # the machine: it writes once the outage is over
+        said: list[str] = []
 
         def finish_after_outage() -> None:
-            time.sleep(5)
+            wait_for(lambda: any("unknown" in s for s in said), "the follower to say the state is unknown")
+            proxy.heal()
             writer.write_bytes("logs/worker-0.log", b"before\nafter\n")
             writer.write_bytes("exit/worker-0.json", exit_record(time.time()))
 
         threading.Thread(target=finish_after_outage, daemon=True).start()
-        said: list[str] = []
         output: list[bytes] = []
         stops: list[int] = []
         last = follow(

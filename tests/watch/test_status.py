@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner import contract
-from runner.collect.progress import metrics_text
+from runner.collect.figures import metrics_text
 from runner.collect.summary import summary_rows
 from runner.storage import open_storage
 from runner.watch.events import read_events

@@ -19,9 +19,13 @@ from tests.worker.test_supervisor import run_worker, worker_env
 FIT = Path(__file__).parent.parent / "watch" / "keras_logs" / "tf_keras-verbose1.log"
 SCRIPT = (
     "import os, pathlib, sys, time\n"
+    "from runner.storage import open_storage\n"
     "ckpt = pathlib.Path(os.environ['RUNNER_CHECKPOINT_DIR']); ckpt.mkdir(parents=True, exist_ok=True)\n"
+    "store = open_storage(os.environ['RUNNER_RUN_DIR'])\n"
     "for n in (1, 2):\n"
-    "    (ckpt / f'weights-{n}.h5').write_bytes(b'w' * 100 * n); time.sleep(1.2)\n"  # two mirror passes apart
+    "    (ckpt / f'weights-{n}.h5').write_bytes(b'w' * 100 * n)\n"
+    "    while store.read_bytes(f'checkpoints/weights-{n}.h5') is None:\n"  # in the run directory before the next
+    "        time.sleep(0.05)\n"
     "sys.stdout.write(open(sys.argv[1]).read())\n"
 )
 

@@ -17,6 +17,7 @@ import pytest
 from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
+from tests.waiting import wait_for
 
 SHOW_CONTRACT = (
     "import json, os, pathlib; "
@@ -270,23 +271,29 @@ def test_heartbeat_is_fresh_while_the_job_runs(
         run_dir = f"gs://runner-test/{uuid.uuid4().hex}/runs/hb"
     else:
         run_dir = str(tmp_path / "run")
+    done = tmp_path / "done"  # the job runs until the test has seen what it waits for
+    job = f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.05)"
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner.worker"],
-        env=worker_env(run_dir, [sys.executable, "-c", "import time; time.sleep(4)"]),
+        env=worker_env(run_dir, [sys.executable, "-c", job]),
         stdout=subprocess.DEVNULL,
     )
     store = open_storage(run_dir)
-    beats = set()
-    deadline = time.monotonic() + 20
-    while proc.poll() is None and time.monotonic() < deadline:
+    beats: set[float] = set()
+
+    def refreshed() -> bool:
         raw = store.read_bytes(contract.HEARTBEAT)
-        if raw:
-            beat = json.loads(raw)
-            if beat["phase"] == "running":
-                beats.add(beat["time"])
-        time.sleep(0.3)
+        beat = json.loads(raw) if raw else {}
+        if beat.get("phase") == "running":
+            beats.add(beat["time"])
+        assert proc.poll() is None, "the worker ended"
+        return len(beats) >= 2  # refreshed, not written once
+
+    try:
+        wait_for(refreshed, "two heartbeats of the running job", timeout=60, poll_s=0.2)
+    finally:
+        done.touch()
     assert proc.wait(30) == 0
-    assert len(beats) >= 2  # refreshed, not written once
 
 
 def test_the_log_is_stored_clean_and_the_live_output_keeps_the_redraws(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from runner import contract
 from runner.backends import container
 from runner.backends.base import Backend, MachineState, handle_from
+from runner.backends.local import secrets as local_secrets
 from runner.errors import BackendError
 from runner.launch import job
 from runner.plan.planner import Plan
@@ -45,6 +46,7 @@ class LocalHandle:
     output: str  # the supervisor's own stdout/stderr (before and around the job's log)
     others: list[list[int]] = field(default_factory=list)  # [pid, start ticks] of workers 1..N-1 (--workers N)
     session: str | None = None  # container.SESSION's value in every process of this run (a process run)
+    secrets_dir: str | None = None  # where the job's secrets as files are (a memory file system), removed at teardown
 
     def processes(self) -> list[tuple[int, int | None]]:
         """(pid, start ticks) of every worker's process, worker 0's first; each leads its own process group."""
@@ -66,6 +68,8 @@ class LocalBackend(Backend[LocalHandle]):
 
     def launch_for(self, plan: Plan) -> container.Launch:
         if plan.run_id not in self._launches:
+            from runner.train import startcache
+
             data_dir = Path(plan.env[contract.DATA_DIR]) if contract.DATA_DIR in plan.env else None
             self._launches[plan.run_id] = container.plan_launch(
                 plan.spec.image,
@@ -73,6 +77,7 @@ class LocalBackend(Backend[LocalHandle]):
                 name=f"runner-{plan.run_id}",
                 data_dir=data_dir,
                 storage_root=Path(plan.storage_url) if plan.storage_is_local else None,
+                cache_dir=startcache.cache_dir(),
                 # Several workers talk over 127.0.0.1 and share the run directory: processes, not containers.
                 prefer="process" if plan.num_workers > 1 else self.prefer,
             )
@@ -90,13 +95,17 @@ class LocalBackend(Backend[LocalHandle]):
         """What the job runs: its command, working directory and environment."""
         launch = self.launch_for(plan)
         workdir = job.working_directory(plan.spec.image, process=launch.mode == "process", cwd=Path.cwd())
-        return job.job_text(plan.spec.command, plan.env, workdir)
+        return job.job_text(plan.spec.command, plan.env, workdir, secrets=plan.secrets)
 
     def provision(self, plan: Plan, on_handle: Callable[[LocalHandle], None]) -> LocalHandle:
         """Start the container or process (one per worker with --workers). Starting is one system call with nothing
         to leak before it, so the handle is reported right after it (after the last one, for several workers: a
         failed start stops the ones before it)."""
         launch = self.launch_for(plan)
+        folder = None
+        if plan.secrets:  # read now, kept in memory (and files on a tmpfs): never in the plan or the run record
+            secret_env, files, folder = local_secrets.hand_over(plan)
+            launch = self._with_secrets(plan, launch, secret_env, files)
         output = runner_home() / "runs" / f"{plan.run_id}.out"
         session = f"{plan.run_id}:{secrets.token_hex(4)}" if launch.mode == "process" else None
         if session is not None:
@@ -112,6 +121,7 @@ class LocalBackend(Backend[LocalHandle]):
             for proc in started:
                 processes.stop_group(proc.pid, 5.0)
                 proc.wait()
+            local_secrets.forget(str(folder) if folder else None)
             raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc
         for proc in started:
             self.procs[proc.pid] = proc
@@ -126,9 +136,27 @@ class LocalBackend(Backend[LocalHandle]):
             str(output),
             others,
             session,
+            str(folder) if folder else None,
         )
         on_handle(handle)
         return handle
+
+    def _with_secrets(
+        self, plan: Plan, launch: container.Launch, env: dict[str, str], files: list[Path]
+    ) -> container.Launch:
+        """The launch with the job's secrets: variables (by name in a container: never on its argv) and files."""
+        if launch.mode == "process":
+            return replace(launch, env={**launch.env, **env})
+        data_dir = Path(plan.env[contract.DATA_DIR]) if contract.DATA_DIR in plan.env else None
+        return container.plan_launch(
+            plan.spec.image,
+            {**plan.env, **env},
+            name=launch.name,
+            data_dir=data_dir,
+            storage_root=Path(plan.storage_url) if plan.storage_is_local else None,
+            prefer="container",
+            secret_files=files,
+        )
 
     def console_hint(self, handle: LocalHandle) -> str:
         return f"the supervisor's own output: {handle.output}"
@@ -162,6 +190,7 @@ class LocalBackend(Backend[LocalHandle]):
             proc = self.procs.pop(pid, None)
             if proc is not None:
                 proc.wait()  # reap it: a stopped run leaves not even a zombie
+        local_secrets.forget(handle.secrets_dir)
         if handle.session:
             left = container.stop_marked(container.SESSION, handle.session, min(grace_s, 10.0))
             if left:

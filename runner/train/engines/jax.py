@@ -47,7 +47,10 @@ def keep_tensorflow_out() -> None:
     if not any(isinstance(f, _NoTensorFlow) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoTensorFlow())
     os.environ["KERAS_BACKEND"] = "jax"
-    os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    os.environ.pop(contract.LEGACY_KERAS, None)
+    # etils.epath (JAX's compilation cache, Orbax) asks importlib whether TensorFlow is there unless told not to;
+    # the question itself would fail here.
+    os.environ["EPATH_USE_TF"] = "false"
 
 
 class JaxEngine(Engine):
@@ -67,12 +70,17 @@ class JaxEngine(Engine):
                 "the checkpoint to resume from was written by tf_keras (Keras 2, TensorFlow only), which Keras 3 on "
                 "JAX cannot read; set training.framework: tensorflow to continue it"
             )
-        os.environ.pop("TF_USE_LEGACY_KERAS", None)  # tf_keras is TensorFlow's; the callbacks take Keras 3
+        os.environ.pop(contract.LEGACY_KERAS, None)  # tf_keras is TensorFlow's; the callbacks take Keras 3
         self.hint = expect(os.environ.get(contract.STRATEGY))  # before JAX is imported
         # JAX logs at INFO each platform it cannot start ("Unable to initialize backend 'tpu'"), which the trainer's
         # INFO logging would print on every CPU run; what matters reaches the strategy line (its note) or the error.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        cache = jaxperf.compile_cache()  # before JAX compiles anything: a later run here reuses the programs
         self.keras = keras_on_jax(force=True)
+        if cache is not None:
+            import jax
+
+            jaxperf.say_cache_hits(jax, cache)
         # Before initialize(): with a seed set, Keras does not agree on one across hosts with a collective.
         self.keras.utils.set_random_seed(cfg.seed)
         return self.keras

@@ -31,8 +31,8 @@ def select_keras(choice: str, checkpoint_keras: str | None) -> str:
     if choice == "auto":
         if checkpoint_keras:
             impl = checkpoint_keras
-        elif "TF_USE_LEGACY_KERAS" in os.environ:
-            impl = "tf_keras" if os.environ["TF_USE_LEGACY_KERAS"].lower() in ("1", "true") else "keras3"
+        elif contract.LEGACY_KERAS in os.environ:
+            impl = "tf_keras" if contract.legacy_keras() else "keras3"
         else:
             impl = "tf_keras" if tpu_present() or multi_worker() else "keras3"
     else:
@@ -47,15 +47,15 @@ def select_keras(choice: str, checkpoint_keras: str | None) -> str:
             f"the checkpoint to resume from was written by {checkpoint_keras}, which {impl} cannot "
             f"read; set training.keras to {checkpoint_keras} or auto"
         )
-    os.environ["TF_USE_LEGACY_KERAS"] = "1" if impl == "tf_keras" else "0"
+    os.environ[contract.LEGACY_KERAS] = "1" if impl == "tf_keras" else "0"
     os.environ["KERAS_BACKEND"] = "tensorflow"  # Keras 3 under tf.keras: not JAX, whatever the environment says
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines drown the job's own output
     return impl
 
 
 def keras_version() -> str:
-    """The Keras that tf.keras is in this process (TensorFlow reads TF_USE_LEGACY_KERAS as 1, true or True)."""
-    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
+    """The Keras that tf.keras is in this process."""
+    if contract.legacy_keras():
         import tf_keras
 
         return f"tf_keras {tf_keras.__version__}"
