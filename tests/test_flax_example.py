@@ -16,14 +16,19 @@ from pathlib import Path
 import pytest
 
 from runner import contract
+from runner.checkpoints import Listing, survey
+from runner.storage import open_storage
 from tests.backends.test_local_workers import _log, finish, start
+from tests.cloudjobs import IMAGE, preempt_when, run_id_of, submit
 from tests.stops import all_stopped, job_pid, sigterm_pending
 from tests.test_examples import EXAMPLES, changed_lines, run_dir_of
 from tests.waiting import wait_for
+from tpu_emulator import TpuEmulator
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 TRAIN = EXAMPLES / "flax_mnist" / "train.py"
 STEPS = 300
+CLOUD_STEPS = 400  # a step committed at 20, and the preemption lands with most of the run still to train
 
 
 def test_the_flax_example_changes_only_where_it_must() -> None:
@@ -86,3 +91,42 @@ def test_two_workers_preempted_mid_run_resume_from_the_agreed_step_losing_none(
     status = subprocess.run([*RUNNER, "status", run_dir.name], capture_output=True, text=True, timeout=120)
     assert f"newest step {STEPS} (Orbax, shared)" in status.stdout, status.stdout
     assert f"resumed       from step {step} (Orbax, checkpoints/shared/{step}); 0 steps redone" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_preempted_emulated_v4_16_resumes_from_the_shared_location_losing_none(
+    cloud: TpuEmulator, tmp_path: Path, bucket_url: str
+) -> None:
+    """The same train.py on an emulated Spot v4-16 (2 hosts), its checkpoints in the bucket's shared location
+    (written there by both hosts through Orbax, committed by host 0): preempted once a step is committed there, both
+    hosts stop at the step they agree on and save it, the recreated slice goes on from it, and the run ends at the
+    uninterrupted run's optimizer steps."""
+    spec = tmp_path / "pod.yaml"
+    command = json.dumps(["python", str(TRAIN), "--train-steps", str(CLOUD_STEPS), "--eval-every", "20"])
+    spec.write_text(
+        f"name: flaxpod\nimage: {IMAGE}\n"
+        "accelerator: {type: v4-16, zone: us-central2-b, project: test-project, spot: true}\n"
+        f"storage: {bucket_url}\ncommand: {command}\ncheckpoints: {{keep: 2}}\n"
+    )
+    cloud.vm_grace_s = 10.0  # a preempted VM's time between SIGTERM and SIGKILL, as the fault suite gives
+
+    def committed(_node, store) -> bool:  # type: ignore[no-untyped-def]
+        shared = Listing.of_storage(store, contract.SHARED_CHECKPOINTS + "/", root=contract.CHECKPOINTS + "/")
+        return bool(survey(shared).committed())
+
+    thread, preempted = preempt_when(cloud, committed, timeout_s=300, poll_s=0.2)
+    result = submit(str(spec))
+    thread.join(5)
+    assert preempted, f"the slice was never preempted:\n{result.output[-3000:]}"
+    assert result.exit_code == 0, result.output[-5000:]
+    store = open_storage(f"{bucket_url}/runs/{run_id_of(result.output)}")
+    logs = [(store.read_bytes(contract.log_key(w)) or b"").decode() for w in (0, 1)]
+    stopped = [re.search(r"agreed to stop: stopped at step (\d+), saved step \1\b", log) for log in logs]
+    assert all(stopped), [log[-3000:] for log in logs]
+    step = int(stopped[0].group(1))  # type: ignore[union-attr]
+    assert stopped[1].group(1) == str(step)  # type: ignore[union-attr]
+    assert f"[runner] resumed from step {step} (Orbax, checkpoints/shared/{step}); 0 steps redone" in logs[0]
+    for log in logs:
+        assert f"starting at step {step} of {CLOUD_STEPS}" in log and f"done: {CLOUD_STEPS} optimizer steps" in log
+    assert not any(o.key.startswith("checkpoints/") and "/shared/" not in o.key for o in store.list("checkpoints/"))
+    assert not cloud.nodes()
