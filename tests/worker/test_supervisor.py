@@ -167,6 +167,23 @@ def test_a_lost_submitter_stops_a_run_that_asked_for_it(tmp_path: Path) -> None:
     assert record["state"] == "cancelled" and "has not been heard from" in record["error"]
 
 
+def test_a_pod_slices_default_hang_limit_ends_a_job_that_reported_progress_and_stopped(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    stalls = "import json, os, time; open(os.environ['RUNNER_PROGRESS_FILE'], 'w').write(json.dumps({'step': 7})); "
+    env = worker_env(run_dir, [sys.executable, "-c", stalls + "time.sleep(120)"], **{contract.HANG_DEFAULT_S: "1"})
+    assert run_worker(env).returncode == 124  # a safety stop
+    record = exit_record(run_dir)
+    assert record["state"] == "hung" and "(step 7): a pod slice's default hang limit passed" in record["error"]
+
+
+def test_the_default_hang_limit_leaves_a_job_that_reports_no_progress_alone(tmp_path: Path) -> None:
+    """Its silence says nothing: only hang_timeout in the spec ends such a job for standing still."""
+    run_dir = str(tmp_path / "run")
+    quiet = [sys.executable, "-c", "import time; time.sleep(3)"]  # three times the limit, writing nothing
+    assert run_worker(worker_env(run_dir, quiet, **{contract.HANG_DEFAULT_S: "1"})).returncode == 0
+    assert exit_record(run_dir)["state"] == "succeeded"
+
+
 def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     marker = tmp_path / "got-sigterm"
