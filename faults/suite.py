@@ -138,6 +138,9 @@ class Suite:
         if self._gcs_endpoint is None:
             from gcp_storage_emulator.server import create_server
 
+            from tpu_emulator import storage_headers
+
+            storage_headers.install()  # downloads say their generation, as Cloud Storage's do (TensorStore needs it)
             port = _free_port()
             self._gcs_server = create_server("127.0.0.1", port, in_memory=True, default_bucket=self.bucket)
             self._gcs_server.start()

@@ -54,6 +54,9 @@ def gcs_server() -> Iterator[str]:
     """gcp-storage-emulator started in-process: a real HTTP server speaking the Cloud Storage JSON API."""
     from gcp_storage_emulator.server import create_server
 
+    from tpu_emulator import storage_headers
+
+    storage_headers.install()  # downloads say their generation, as Cloud Storage's do (TensorStore needs it)
     port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="runner-test")
     server.start()

@@ -26,6 +26,9 @@ def _start_gcs(host: str, bucket: str) -> tuple[Any, str]:
         from gcp_storage_emulator.server import create_server
     except ImportError:
         sys.exit("--with-gcs needs gcp-storage-emulator: pip install gcp-storage-emulator (a dev dependency)")
+    from tpu_emulator import storage_headers
+
+    storage_headers.install()  # downloads say their generation, as Cloud Storage's do (TensorStore needs it)
     port = _free_port(host)
     server = create_server(host, port, in_memory=True, default_bucket=bucket)
     server.start()

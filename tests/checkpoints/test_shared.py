@@ -81,3 +81,22 @@ def test_a_pod_slice_gets_a_default_hang_limit_a_single_host_none() -> None:
     assert own[contract.HANG_TIMEOUT_S] == "600" and contract.HANG_DEFAULT_S not in own
     assert "once the job reports it" in HangLimit(SLICE_HANG_DEFAULT_S, default=True).row()[1]
     assert HangLimit(600, default=False).why == "teardown.hang_timeout"
+
+
+def test_the_storage_emulators_downloads_say_the_objects_generation(gcs: str) -> None:
+    """As Cloud Storage's do (x-goog-generation): TensorStore conditions its next write of an object it read on
+    it, and without it an Orbax save into a database it had read back failed ("Malformed StorageGeneration")."""
+    import urllib.parse
+    import urllib.request
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage  # type: ignore[attr-defined]
+
+    client = storage.Client(project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs})
+    blob = client.bucket("runner-test").blob(f"{uuid.uuid4().hex}/manifest.ocdbt")
+    blob.upload_from_string(b"m")
+    url = f"{gcs}/download/storage/v1/b/runner-test/o/{urllib.parse.quote(blob.name, safe='')}?alt=media"
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        assert answer.read() == b"m"
+        assert answer.headers["x-goog-generation"] == str(blob.generation)
+        assert answer.headers["x-goog-metageneration"] == str(blob.metageneration)
