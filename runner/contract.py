@@ -10,6 +10,7 @@ and two writers would overwrite each other:
     heartbeat                JSON {time, worker, pid, phase}, refreshed while alive worker 0
     heartbeats/worker-N.json the same, of each worker (readiness and liveness)      worker N
     runner-heartbeat         JSON {time, pid, host}, refreshed while it watches     runner
+    owner.json               the run's one owner (a lease, written only conditionally) the runner that holds it
     logs/worker-N.log        the container's stdout and stderr                      worker N
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
     progress.json            JSON {step, epoch, time, ...}, rewritten as it trains  trainer (worker 0)
@@ -89,6 +90,7 @@ EVENTS_DIR = "events"
 HEARTBEAT = "heartbeat"
 HEARTBEATS_DIR = "heartbeats"
 RUNNER_HEARTBEAT = "runner-heartbeat"  # written by the submitting runner while it watches
+OWNER = "owner.json"  # the lease of the runner that owns the run (runner.lifecycle.lease)
 LOGS_DIR = "logs"
 METRICS = "metrics.jsonl"
 PROGRESS = "progress.json"

@@ -10,6 +10,7 @@ from faults.scenarios import (
     compute_engine,
     deadlines,
     jax_pod,
+    ownership,
     preemption,
     runner_death,
     storage,
@@ -27,6 +28,7 @@ CASES: tuple[Scenario, ...] = (
     *teardown.CASES,
     *clocks.CASES,
     *compute_engine.CASES,
+    *ownership.CASES,
 )
 
 

@@ -20,7 +20,7 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import deps, variants
 from runner.launch.imageref import ImageRef
-from runner.plan import gcloud
+from runner.plan import gcloud, limits
 from runner.plan.budget import RuntimeLimit, duration, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
@@ -284,6 +284,9 @@ def plan_local(
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
     env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers, timings=timings)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
+    # The job's process gets this machine's environment and the job's: what execve can take is this machine's.
+    if found := limits.exec_problems(spec.command or [], {**os.environ, **env}, os.sysconf("SC_ARG_MAX")):
+        raise PlanError("\n".join(found), hint="keep large values out of `env:`: put them in a file the job reads")
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
     planned = (
         plan_secrets(spec, spec.accelerator.project or gcloud.default_project(), local=True) if spec.secrets else ()
