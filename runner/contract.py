@@ -15,6 +15,8 @@ and two writers would overwrite each other:
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
     progress.json            JSON {step, epoch, time, ...}, rewritten as it trains  trainer (worker 0)
     checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
+    checkpoints/shared/      one location every host writes (a multi-host Orbax     the job's hosts together
+                             CheckpointManager's directory), never mirrored per host
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
                              (a command that wrote none: derived, "derived_from")   supervisor (worker 0)
@@ -36,7 +38,10 @@ from pathlib import Path
 RUN_ID = "RUNNER_RUN_ID"
 RUN_DIR = "RUNNER_RUN_DIR"  # the run directory in storage: gs://bucket/prefix/runs/<id> or a local path
 OUTPUT_DIR = "RUNNER_OUTPUT_DIR"  # local directory mirrored to RUN_DIR (the run directory itself when local)
-CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"
+CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"  # this host's (mirrored to checkpoints/ by worker 0): single-host jobs
+# checkpoints/shared in the run directory itself (gs://... on a cloud backend, the local run directory with --local):
+# one place every host reads and writes, for a multi-host Orbax CheckpointManager
+SHARED_CHECKPOINT_DIR = "RUNNER_SHARED_CHECKPOINT_DIR"
 TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
 PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
@@ -68,6 +73,9 @@ CADENCES = {HEARTBEAT_S: 10.0, SYNC_S: 5.0, PROGRESS_S: 2.0}
 GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
+# A pod slice's default when the spec sets no hang_timeout: the same stop, once the job reports progress
+# (progress.json or metrics.jsonl), when that has not advanced for this long; a job that reports none is never stopped
+HANG_DEFAULT_S = "RUNNER_HANG_DEFAULT_S"
 SECRETS = "RUNNER_SECRETS"  # JSON {NAME: "env" | "file"}: which variables hold the job's secrets (never a value)
 
 # Shared by the runner, the supervisor and the bootstrap (which gets them in its rendered values block).
@@ -88,6 +96,7 @@ METRICS = "metrics.jsonl"
 PROGRESS = "progress.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = "checkpoints/latest.json"
+SHARED_CHECKPOINTS = "checkpoints/shared"
 TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 EXIT_DIR = "exit"
@@ -164,6 +173,11 @@ class JobContext:
         return self.output_dir / CHECKPOINTS
 
     @property
+    def shared_checkpoint_dir(self) -> str:
+        """checkpoints/shared in the run directory: a gs:// URL, or a local path where the run directory is one."""
+        return f"{self.run_dir.rstrip('/')}/{SHARED_CHECKPOINTS}"
+
+    @property
     def tensorboard_dir(self) -> Path:
         return self.output_dir / TENSORBOARD
 
@@ -198,6 +212,7 @@ class JobContext:
         return {
             OUTPUT_DIR: str(self.output_dir),
             CHECKPOINT_DIR: str(self.checkpoint_dir),
+            SHARED_CHECKPOINT_DIR: self.shared_checkpoint_dir,
             TENSORBOARD_DIR: str(self.tensorboard_dir),
             METRICS_FILE: str(self.metrics_file),
             PROGRESS_FILE: str(self.progress_file),

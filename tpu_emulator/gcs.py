@@ -237,8 +237,10 @@ class StorageServer:
                         response.json({"error": {**body, "errors": [item]}})
                     return None
             answer = fn(request, response, storage)
-            if fn is objects.download and target is not None and (found := _live(storage, *target)) is not None:
-                # Cloud Storage says which generation it sent (google-cloud-storage reads these into the blob).
+            media = fn is objects.download or (fn is objects.get and request.query.get("alt") == ["media"])
+            if media and target is not None and (found := _live(storage, *target)) is not None:
+                # Cloud Storage says which generation it sent (google-cloud-storage reads these into the blob;
+                # TensorStore, Orbax's writer, conditions its next write of the object on it).
                 response["x-goog-generation"] = str(found["generation"])
                 response["x-goog-metageneration"] = str(found.get("metageneration") or 1)
             return answer

@@ -9,6 +9,7 @@ from faults.scenarios import (
     clocks,
     compute_engine,
     deadlines,
+    jax_pod,
     ownership,
     preemption,
     runner_death,
@@ -18,6 +19,7 @@ from faults.scenarios import (
 
 CASES: tuple[Scenario, ...] = (
     *preemption.CASES,
+    *jax_pod.CASES,
     *capacity.CASES,
     *api_errors.CASES,
     *runner_death.CASES,

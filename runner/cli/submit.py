@@ -224,8 +224,10 @@ def launch(
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
+    from runner.plan.planner import hang_limit
     from runner.spec.secrets import env_warnings
 
+    rows += [hang.row()] if (hang := hang_limit(plan)) is not None else []
     warnings = [*(plan.cloud.warnings if plan.cloud is not None else ()), *env_warnings(spec)]
     rows += [("warning", text) for text in warnings]
     if dry_run:

@@ -11,7 +11,7 @@ from typing import Any
 from runner.backends.base import Backend, Handle
 from runner.errors import RunnerError
 from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
-from runner.plan.planner import Plan
+from runner.plan.planner import Plan, hang_limit
 from runner.watch import runs
 from runner.watch.events import EventLog
 from runner.watch.rundir import Snapshot
@@ -68,10 +68,10 @@ class Deciding:
             self.events.emit("deadline_passed", deadline=self.plan.deadline)
             self.safety_stop = True
             return RunState.TIMED_OUT
-        if verdict == Verdict.HUNG:
-            self.reason = f"no progress for over {self.plan.spec.teardown.hang_timeout}s (teardown.hang_timeout)"
+        if verdict == Verdict.HUNG and (hang := hang_limit(self.plan)) is not None:
+            self.reason = f"no progress for over {hang.seconds}s ({hang.why})"
             self.say(f"{self.reason}: stopping the run")
-            self.events.emit("hung", seconds=self.plan.spec.teardown.hang_timeout)
+            self.events.emit("hung", seconds=hang.seconds)
             self.safety_stop = True
             return RunState.HUNG
         if verdict == Verdict.SILENT:

@@ -7,7 +7,7 @@
                    silent        up, but no word from its startup script within teardown.boot_timeout:
                                  recreate once, then fail with the reason
                    deadline      max_runtime passed: timed_out, whatever the machine does
-                   hung          no progress for teardown.hang_timeout: hung
+                   hung          no progress for teardown.hang_timeout (a pod slice: a default): hung
                    down          `runner down` from another shell: cancelled
                    worker        on a pod slice, one worker's job ended badly, never reported, or its
                                  heartbeat stopped: the run ends (failed, naming the worker), the slice goes
