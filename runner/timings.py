@@ -48,6 +48,7 @@ class Timings:
     job_sync_s: float = contract.CADENCES[contract.SYNC_S]
     job_heartbeat_s: float = contract.CADENCES[contract.HEARTBEAT_S]
     job_progress_s: float = contract.CADENCES[contract.PROGRESS_S]
+    job_agree_s: float = contract.CADENCES[contract.AGREE_S]  # runner.train.agreement's aim between mid-epoch points
 
     def job_env(self) -> dict[str, str]:
         """The job's cadences (runner.contract.CADENCES) that differ from the defaults its container assumes."""
@@ -55,6 +56,7 @@ class Timings:
             contract.SYNC_S: self.job_sync_s,
             contract.HEARTBEAT_S: self.job_heartbeat_s,
             contract.PROGRESS_S: self.job_progress_s,
+            contract.AGREE_S: self.job_agree_s,
         }
         return {name: f"{value:g}" for name, value in values.items() if value != contract.CADENCES[name]}
 
