@@ -49,7 +49,7 @@ browser:  ## install Chromium (Debian's package) for the report's browser test, 
 local-run: data  ## train the default job on this machine (CPU, or GPU if there is one)
 	$(RUNNER) submit $(JOB) --local
 
-test: data lint browser containers kube  ## lint, then the whole test suite
+test: data lint browser containers kube test-images  ## lint, then the whole test suite
 	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-fast: data  ## the tests without the slow end-to-end ones

@@ -16,8 +16,9 @@ extra, with one change per variant:
     jax-tpu  jax[tpu], no TensorFlow        JAX with the libtpu its release pins, jax-releases find-links
     jax-gpu  jax[cuda12], no TensorFlow     JAX with NVIDIA's CUDA 12 wheels (host: driver >= 525.60.13)
 
-The TensorFlow variants leave out the extra's jax[cpu]; the JAX variants leave out tensorflow and tf-keras, and keep
-Keras 3, numpy, matplotlib and the control plane's packages (google-cloud-storage for the mirror, pydantic, ...).
+The TensorFlow variants leave out the extra's jax[cpu] and gcsfs; the JAX variants leave out tensorflow and tf-keras,
+and keep Keras 3, numpy, matplotlib, gcsfs (Orbax's gs:// paths without TensorFlow) and the control plane's packages
+(google-cloud-storage for the mirror, pydantic, ...).
 
 tf-keras requires the package `tensorflow`, which would install the full build over tensorflow-cpu or
 tensorflow-tpu (all ship the `tensorflow` module); on those variants it is installed with --no-deps, and `check`
@@ -55,6 +56,9 @@ VARIANTS = ("cpu", "gpu", "tpu", "jax-tpu", "jax-gpu")
 TENSORFLOW_VARIANTS = ("cpu", "gpu", "tpu")
 JAX_EXTRA = {"jax-tpu": "tpu", "jax-gpu": "cuda12"}  # jax[cuda12]: the CUDA the TensorFlow gpu image has too
 TENSORFLOW_ONLY = ("tensorflow", "tf-keras")  # train-extra entries the JAX variants leave out
+# Train-extra entries the TensorFlow variants leave out: JAX itself, and gcsfs, Orbax's way to gs:// without
+# TensorFlow (etils.epath takes tf.io.gfile where TensorFlow is installed).
+JAX_ONLY = ("jax", "gcsfs")
 # The control plane's provisioning clients: nothing in the image creates or deletes a machine (the supervisor talks
 # to Cloud Storage; a VM's self-delete is the bootstrap's curl on the host), and google-cloud-compute alone is 70 MB.
 # Nor does it read a secret (the pre-flight and a --local run's reads are the runner's, a VM's the bootstrap's curl),
@@ -119,7 +123,7 @@ def requirements(pyproject: Path, variant: str, libtpu: str = LIBTPU) -> tuple[l
                 if variant == "jax-tpu":
                     lines.append(f"--find-links {JAX_LIBTPU_FIND_LINKS}")
                 req = f"jax[{JAX_EXTRA[variant]}]{rest}"
-        elif name == "jax":
+        elif name in JAX_ONLY:
             continue  # the TensorFlow images stay TensorFlow's
         elif name == "tensorflow" and variant == "cpu":
             req = f"tensorflow-cpu{rest}"

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from faults.scenario import Scenario
     from tpu_emulator import TpuEmulator
     from tpu_emulator.flaky_proxy import FlakyProxy
+    from tpu_emulator.gcs import StorageServer
 
 
 class Ctx:
@@ -39,6 +40,7 @@ class Ctx:
     ) -> None:
         self.case, self.emulator, self.proxy, self.home, self.storage_url = case, emulator, proxy, home, storage_url
         self.env = env  # the runner's environment: every `runner` command of the case runs with it
+        self.storage_server: StorageServer | None = None  # the storage emulator, to make runners race (hold_writes)
         self.proc: subprocess.Popen[bytes] | None = None
         self.done = threading.Event()
         self.killed_at: float | None = None

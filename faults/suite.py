@@ -48,6 +48,7 @@ from runner.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from runner.launch.engine import Engine
+    from tpu_emulator.gcs import StorageServer
     from tpu_emulator.registry import LocalRegistry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,8 +116,12 @@ class Suite:
         say: Callable[[str], None] = print,
         vm_grace_s: float = 10.0,
         timings: str | None = None,
+        storage_server: StorageServer | None = None,
     ) -> None:
         self.workdir = Path(workdir).absolute()
+        # The storage emulator, when this suite has it (its own, or the one behind gcs_endpoint): the cases that
+        # make two runners race hold its writes (tpu_emulator.gcs.StorageServer.hold_writes).
+        self.storage_server = storage_server
         self.timings = timings  # $RUNNER_TIMINGS for the runner; None: production polls (the honest idle figures)
         self.bucket = bucket
         self.say = say
@@ -136,12 +141,11 @@ class Suite:
     def __enter__(self) -> Suite:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._gcs_endpoint is None:
-            from gcp_storage_emulator.server import create_server
+            from tpu_emulator.gcs import StorageServer
 
-            port = _free_port()
-            self._gcs_server = create_server("127.0.0.1", port, in_memory=True, default_bucket=self.bucket)
-            self._gcs_server.start()
-            self._gcs_endpoint = f"http://127.0.0.1:{port}"
+            self._gcs_server = StorageServer("127.0.0.1", _free_port(), bucket=self.bucket).start()
+            self._gcs_endpoint = self._gcs_server.endpoint
+            self.storage_server = self._gcs_server
         self._env_before = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = self.gcs  # this process reads the run directories directly
         return self
@@ -275,6 +279,7 @@ class Suite:
         home = where / "runner-home"
         env = self.runner_env(case, emulator.endpoint, home, proxy.url if proxy else None)
         ctx = Ctx(case, emulator, proxy, home, storage_url, env)
+        ctx.storage_server = self.storage_server
         ctx.reference = reference
         try:
             spec = where / "job.yaml"

@@ -9,10 +9,13 @@
 #                     debootstrap docker-registry), its settings (~/.cache/tpu-runner/containers; never /etc), the base
 #   make base-image   (re)make the Python base image from Debian's packages (debootstrap), ONLY for a machine that
 #                     cannot pull the real one (no route to Docker Hub); `make containers` falls back to it by itself
+#   make test-images  the trainer images the container tests use (cpu, gpu), built before pytest (`make test` runs
+#                     it): tagged by content, so a build is paid once per change of their inputs and timed apart from
+#                     the suite; a failure is a warning (the tests then build, or skip), except with CI=true
 #
 # RUNNER_CONTAINER_ENGINE=docker|podman picks the engine where both are there (runner/launch/engine.py).
 
-.PHONY: containers podman base-image
+.PHONY: containers podman base-image test-images
 
 containers: $(STAMP)  ## a container engine (Docker, else Podman) and the base image, for the container tests
 	@docker/setup-engine.sh $(PY) || { \
@@ -24,3 +27,9 @@ podman: $(STAMP)  ## Podman from Debian's packages, its settings in the cache, a
 
 base-image: $(STAMP)  ## (re)make the Python base image from Debian's packages: only where it cannot be pulled
 	eval "$$($(PY) -m runner.launch.engine setup)" && docker/base-image.sh
+
+test-images: containers  ## the trainer images the container tests use, built before the suite (cached by content)
+	@start=$$(date +%s); $(PY) -m tests.containers || { \
+	  if [ "$${CI:-}" = true ]; then echo "[test-images] CI=true: the test images could not be built" >&2; exit 1; fi; \
+	  echo "[test-images] warning: not built; the container tests build them, or skip" >&2; }; \
+	echo "[test-images] $$(( $$(date +%s) - start )) s" >&2

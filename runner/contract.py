@@ -10,10 +10,13 @@ and two writers would overwrite each other:
     heartbeat                JSON {time, worker, pid, phase}, refreshed while alive worker 0
     heartbeats/worker-N.json the same, of each worker (readiness and liveness)      worker N
     runner-heartbeat         JSON {time, pid, host}, refreshed while it watches     runner
+    owner.json               the run's one owner (a lease, written only conditionally) the runner that holds it
     logs/worker-N.log        the container's stdout and stderr                      worker N
     metrics.jsonl            one JSON line per epoch                                trainer (worker 0)
     progress.json            JSON {step, epoch, time, ...}, rewritten as it trains  trainer (worker 0)
     checkpoints/             ckpt-EEEEEE.keras files and latest.json                trainer (worker 0)
+    checkpoints/shared/      one location every host writes (a multi-host Orbax     the job's hosts together
+                             CheckpointManager's directory), never mirrored per host
     tensorboard/             TensorBoard event files                                trainer (worker 0)
     summary.json             final metrics, timings, strategy                       trainer (worker 0)
                              (a command that wrote none: derived, "derived_from")   supervisor (worker 0)
@@ -35,7 +38,10 @@ from pathlib import Path
 RUN_ID = "RUNNER_RUN_ID"
 RUN_DIR = "RUNNER_RUN_DIR"  # the run directory in storage: gs://bucket/prefix/runs/<id> or a local path
 OUTPUT_DIR = "RUNNER_OUTPUT_DIR"  # local directory mirrored to RUN_DIR (the run directory itself when local)
-CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"
+CHECKPOINT_DIR = "RUNNER_CHECKPOINT_DIR"  # this host's (mirrored to checkpoints/ by worker 0): single-host jobs
+# checkpoints/shared in the run directory itself (gs://... on a cloud backend, the local run directory with --local):
+# one place every host reads and writes, for a multi-host Orbax CheckpointManager
+SHARED_CHECKPOINT_DIR = "RUNNER_SHARED_CHECKPOINT_DIR"
 TENSORBOARD_DIR = "RUNNER_TENSORBOARD_DIR"
 METRICS_FILE = "RUNNER_METRICS_FILE"
 PROGRESS_FILE = "RUNNER_PROGRESS_FILE"  # JSON {step, epoch, ...} the job rewrites as it trains (hang detection)
@@ -63,10 +69,14 @@ DEADLINE = "RUNNER_DEADLINE"  # unix time when the run must be over, across rest
 HEARTBEAT_S = "RUNNER_HEARTBEAT_S"  # each worker's heartbeat
 SYNC_S = "RUNNER_SYNC_S"  # the supervisor's copy of the output directory to a gs:// run directory
 PROGRESS_S = "RUNNER_PROGRESS_S"  # the trainer's (and keras_callbacks') progress.json, which hang detection reads
-CADENCES = {HEARTBEAT_S: 10.0, SYNC_S: 5.0, PROGRESS_S: 2.0}
+AGREE_S = "RUNNER_AGREE_S"  # aimed-at time between two mid-epoch points where a multi-process job agrees to stop/save
+CADENCES = {HEARTBEAT_S: 10.0, SYNC_S: 5.0, PROGRESS_S: 2.0, AGREE_S: 1.0}
 GRACE_S = "RUNNER_GRACE_S"  # seconds from a stop's SIGTERM to SIGKILL (on a VM: its platform's grace, less a reserve)
 SUBMITTER_TIMEOUT_S = "RUNNER_SUBMITTER_TIMEOUT_S"  # stop when runner-heartbeat is older than this (opt-in)
 HANG_TIMEOUT_S = "RUNNER_HANG_TIMEOUT_S"  # stop as hung when progress has not advanced for this long (opt-in)
+# A pod slice's default when the spec sets no hang_timeout: the same stop, once the job reports progress
+# (progress.json or metrics.jsonl), when that has not advanced for this long; a job that reports none is never stopped
+HANG_DEFAULT_S = "RUNNER_HANG_DEFAULT_S"
 SECRETS = "RUNNER_SECRETS"  # JSON {NAME: "env" | "file"}: which variables hold the job's secrets (never a value)
 
 # Shared by the runner, the supervisor and the bootstrap (which gets them in its rendered values block).
@@ -81,11 +91,13 @@ EVENTS_DIR = "events"
 HEARTBEAT = "heartbeat"
 HEARTBEATS_DIR = "heartbeats"
 RUNNER_HEARTBEAT = "runner-heartbeat"  # written by the submitting runner while it watches
+OWNER = "owner.json"  # the lease of the runner that owns the run (runner.lifecycle.lease)
 LOGS_DIR = "logs"
 METRICS = "metrics.jsonl"
 PROGRESS = "progress.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = "checkpoints/latest.json"
+SHARED_CHECKPOINTS = "checkpoints/shared"
 TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 EXIT_DIR = "exit"
@@ -162,6 +174,11 @@ class JobContext:
         return self.output_dir / CHECKPOINTS
 
     @property
+    def shared_checkpoint_dir(self) -> str:
+        """checkpoints/shared in the run directory: a gs:// URL, or a local path where the run directory is one."""
+        return f"{self.run_dir.rstrip('/')}/{SHARED_CHECKPOINTS}"
+
+    @property
     def tensorboard_dir(self) -> Path:
         return self.output_dir / TENSORBOARD
 
@@ -196,6 +213,7 @@ class JobContext:
         return {
             OUTPUT_DIR: str(self.output_dir),
             CHECKPOINT_DIR: str(self.checkpoint_dir),
+            SHARED_CHECKPOINT_DIR: self.shared_checkpoint_dir,
             TENSORBOARD_DIR: str(self.tensorboard_dir),
             METRICS_FILE: str(self.metrics_file),
             PROGRESS_FILE: str(self.progress_file),

@@ -3,16 +3,19 @@
     RunnerError                  exit 1   anything the user can act on
     ├── SpecError                exit 2   the job spec (YAML or its values) is invalid; lists every problem
     ├── UsageError               exit 2   flags or arguments that do not fit together
+    │   └── RunBusy              exit 2   another runner holds the run (its lease: who, where, since when)
     ├── PlanError                exit 2   the spec is valid but cannot run where it was sent (pre-flight)
     ├── RunNotFound              exit 3   no run record with that id
     ├── StorageError             exit 4   reading or writing the run directory (or this machine's run records) failed
     │   ├── StorageUnreachable   exit 4   no answer, or only answers that pass (5xx, 429, timeouts): unknown, not gone
-    │   └── BucketMissing        exit 4   the run directory's bucket does not exist (any more): nothing more lands there
+    │   ├── BucketMissing        exit 4   the run directory's bucket does not exist (any more): nothing more lands there
+    │   └── PreconditionFailed   exit 4   a conditional write found the object changed since it was read
     ├── BackendError             exit 5   a machine could not be provisioned, watched or torn down
     │   ├── NoCapacity           exit 5   the zone has no TPUs of that type right now (stockout): try another
     │   ├── QuotaExceeded        exit 5   the project's quota is used up: no zone of that region helps
     │   ├── AlreadyExists        exit 5   the name is taken (by another run: never deleted, never adopted)
-    │   └── Preempted            exit 5   the machine was taken back while being created (Spot)
+    │   ├── Preempted            exit 5   the machine was taken back while being created (Spot)
+    │   └── Vanished             exit 5   what was being created was deleted under the wait (runner down, console)
     └── RunFailed                exit 6   the run ended, but not in success (trainer failed, cancelled)
 
 Code outside the CLI never calls sys.exit; it raises one of these, wrapping the underlying error with
@@ -53,6 +56,10 @@ class UsageError(RunnerError):
     exit_code = 2
 
 
+class RunBusy(UsageError):
+    """Another runner holds the run (submit, resume or its follower): one owner at a time."""
+
+
 class PlanError(RunnerError):
     exit_code = 2
 
@@ -74,6 +81,10 @@ class BucketMissing(StorageError):
     """The run directory's bucket does not exist: a definite answer, and nothing the run writes can land there."""
 
 
+class PreconditionFailed(StorageError):
+    """A write conditioned on the object's generation found another one: someone else wrote it since it was read."""
+
+
 class BackendError(RunnerError):
     exit_code = 5
 
@@ -92,6 +103,11 @@ class AlreadyExists(BackendError):
 
 class Preempted(BackendError):
     """The provider took the machine back before the job could start; the runner counts it as a preemption."""
+
+
+class Vanished(BackendError):
+    """What the run was creating was deleted while it was being created (`runner down`, the console, the platform):
+    the wait ends at once; the run's own record says whether it was `runner down`."""
 
 
 class RunFailed(RunnerError):

@@ -42,11 +42,16 @@ class Timings:
     # One read or write of a run directory on Cloud Storage retries this long, then it is "unknown" (said, and tried
     # again later): the runner's own deadlines and the API's word on a machine do not wait on storage.
     storage_patience_s: float = 20.0
+    # The lease of the runner that owns a run (runner.lifecycle.lease): rewritten this often while it lives, and
+    # taken over once Cloud Storage has stored no refresh of it for lease_ttl_s (by the storage's own clock).
+    lease_refresh_s: float = 20.0
+    lease_ttl_s: float = 120.0
     # In the job's container: the supervisor's copy of its output to a gs:// run directory, each worker's heartbeat,
     # the trainer's progress.json. What the runner sees of a job on a VM trails it by up to a sync plus a progress.
     job_sync_s: float = contract.CADENCES[contract.SYNC_S]
     job_heartbeat_s: float = contract.CADENCES[contract.HEARTBEAT_S]
     job_progress_s: float = contract.CADENCES[contract.PROGRESS_S]
+    job_agree_s: float = contract.CADENCES[contract.AGREE_S]  # runner.train.agreement's aim between mid-epoch points
 
     def job_env(self) -> dict[str, str]:
         """The job's cadences (runner.contract.CADENCES) that differ from the defaults its container assumes."""
@@ -54,6 +59,7 @@ class Timings:
             contract.SYNC_S: self.job_sync_s,
             contract.HEARTBEAT_S: self.job_heartbeat_s,
             contract.PROGRESS_S: self.job_progress_s,
+            contract.AGREE_S: self.job_agree_s,
         }
         return {name: f"{value:g}" for name, value in values.items() if value != contract.CADENCES[name]}
 

@@ -18,6 +18,7 @@ from tests.kubecluster import gke, gke_client, gke_kube, kube, kube_api, kube_na
 
 if TYPE_CHECKING:
     from tpu_emulator import TpuEmulator
+    from tpu_emulator.gcs import StorageServer
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_TIMINGS = (
@@ -50,17 +51,21 @@ def mnist_npz() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gcs_server() -> Iterator[str]:
-    """gcp-storage-emulator started in-process: a real HTTP server speaking the Cloud Storage JSON API."""
-    from gcp_storage_emulator.server import create_server
+def storage_emulator() -> Iterator[StorageServer]:
+    """gcp-storage-emulator's handlers started in-process, with Cloud Storage's generation preconditions
+    (tpu_emulator.gcs): a real HTTP server speaking the Cloud Storage JSON API."""
+    from tpu_emulator.gcs import StorageServer
 
-    port = free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="runner-test")
-    server.start()
+    server = StorageServer("127.0.0.1", free_port(), bucket="runner-test").start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(storage_emulator: StorageServer) -> str:
+    return storage_emulator.endpoint
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@ tests/emulator/test_emulator_containers.py).
 
 They need an engine that answers (Docker, or Podman as `make containers` sets it up) and, under Podman, the Python
 base image. Where either is missing they skip, naming why; with CI=true, where `make containers` must have made both
-ready, the same absence fails them. The image is built once per test process (session fixtures), with this
+ready, the same absence fails them. `make test` builds the images before pytest (`make test-images`: prebuild
+below), timed apart; a fixture builds what is still missing, once per test process (session fixtures), with this
 machine's extra CA certificates as the build's secret. They run in one xdist group, one after the other: one build,
 and never two jobs in containers at once on a 2-core machine.
 """
@@ -68,3 +69,31 @@ def image_registry(container_engine: Engine) -> Iterator[LocalRegistry]:
         unavailable("no image registry binary (docker-registry): `make containers` installs it")
     with LocalRegistry() as running:
         yield running
+
+
+# The images the fixtures above ask for, built before pytest starts (`make test-images`, run by `make test`): tagged
+# by content, so a build is paid once per change of the image's inputs, outside the suite's time, and a test
+# finds its image present. The same calls as the fixtures (cpu_image, the gpu variant of test_container), so the
+# tags agree.
+PREBUILT = ("cpu", "gpu")
+
+
+def prebuild() -> int:
+    """Build what is missing; 0 when every image is there, 1 (the reason on stderr) when no engine can build."""
+    import sys
+    import time
+
+    found = engines.detect()
+    if found.engine is None:
+        print(f"[test-images] {found.why}: the container tests build the images themselves, or skip", file=sys.stderr)
+        return 1
+    for variant in PREBUILT:
+        started = time.monotonic()
+        result = build.ensure_image(variant, ca_certs=registries.machine_ca_certs(), engine=found.engine)
+        what = "built" if result.built else "already there"
+        print(f"[test-images] {result.reference}: {what} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(prebuild())

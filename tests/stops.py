@@ -21,7 +21,10 @@ from runner import contract
 from tests.waiting import wait_for
 
 PROGRESS_S = "0.1"
-FAST_PROGRESS = f"job_progress_s={PROGRESS_S}"  # $RUNNER_TIMINGS of a run whose job a test freezes
+# $RUNNER_TIMINGS of a run whose job a test freezes: progress as above, and on several workers an agreement point
+# every ~0.05 s of steps (1 s by default: an epoch of a few ms steps could have none mid-epoch, so a stop asked in
+# its first half would be agreed only at its end)
+FAST_PROGRESS = f"job_progress_s={PROGRESS_S},job_agree_s=0.05"
 
 
 def job_pid(run_dir: Path, worker: int = 0) -> int | None:

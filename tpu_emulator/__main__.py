@@ -23,13 +23,11 @@ def _free_port(host: str) -> int:
 
 def _start_gcs(host: str, bucket: str) -> tuple[Any, str]:
     try:
-        from gcp_storage_emulator.server import create_server
+        from tpu_emulator.gcs import StorageServer
     except ImportError:
         sys.exit("--with-gcs needs gcp-storage-emulator: pip install gcp-storage-emulator (a dev dependency)")
-    port = _free_port(host)
-    server = create_server(host, port, in_memory=True, default_bucket=bucket)
-    server.start()
-    return server, f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    server = StorageServer(host, _free_port(host), bucket=bucket).start()
+    return server, server.endpoint
 
 
 def main(argv: list[str] | None = None) -> int:

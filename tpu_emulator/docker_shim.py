@@ -4,9 +4,9 @@ An emulated VM finds this first on its PATH (as `docker`, a two-line wrapper). `
 runs through runner.backends.container.plan_launch(prefer="process") - the one place that decides that - and then
 execs the launch's argv in place of itself, so the container's exit status is `docker run`'s and signals sent
 to `docker run` reach the container. The container gets the launch's environment (from -e and --env-file), the
-image's own basics (PATH with this interpreter first, HOME and TMPDIR of its own, PYTHONPATH), the VM's
-STORAGE_EMULATOR_HOST (the VM's network reaches the storage emulator) and, on a VM whose clock is off (the
-clock_skew fault), that clock: its skew, and the sitecustomize that applies it to time.time(). Volumes, users,
+image's own basics (PATH with this interpreter first, HOME and TMPDIR of its own, PYTHONPATH), the VM's settings
+for the storage emulator (STORAGE_EMULATOR_HOST, and what Orbax's gs:// paths need) and, on a VM whose clock is off
+(the clock_skew fault), that clock: its skew, and the sitecustomize that applies it to time.time(). Volumes, users,
 --privileged and the like are accepted and have no effect: there is no isolation to configure.
 
 On a multi-host node (and on every slice of a multislice) the container also gets what JAX's Cloud TPU cluster
@@ -44,7 +44,7 @@ from runner.launch import deps
 from runner.launch.imageref import ImageRef
 from runner.worker import processes
 from tpu_emulator import vm_engine
-from tpu_emulator.vm import CLOCK_SKEW, COORDINATOR, MARKER, python_dir
+from tpu_emulator.vm import CLOCK_SKEW, COORDINATOR, MARKER, STORAGE_EMULATOR_KEYS, python_dir
 
 DETACHED_CHILD = "RUNNER_DOCKER_SHIM_DETACHED"
 SHIM_DIR = "RUNNER_DOCKER_SHIM_DIR"  # set by the wrapper: the directory the VM finds `docker` in
@@ -289,11 +289,12 @@ def container_env(flags: dict[str, list[str]]) -> dict[str, str]:
 
 
 def vm_additions(env: dict[str, str], ref: str) -> dict[str, str]:
-    """A container's environment as the VM starts it: `env` with the VM's STORAGE_EMULATOR_HOST (the VM's network
-    reaches the storage emulator) and its marker (stopping the VM finds every process of it), less what a drop-env
-    fault takes away (said on the VM's console, docker run's stderr, never in the job's log)."""
+    """A container's environment as the VM starts it: `env` with the VM's settings for the storage emulator
+    (STORAGE_EMULATOR_HOST and what Orbax needs: vm.storage_emulator_env; the VM's network reaches it) and its
+    marker (stopping the VM finds every process of it), less what a drop-env fault takes away (said on the VM's
+    console, docker run's stderr, never in the job's log)."""
     final = dict(env)
-    for key in ("STORAGE_EMULATOR_HOST", MARKER, CLOCK_SKEW):
+    for key in (*STORAGE_EMULATOR_KEYS, MARKER, CLOCK_SKEW):
         if key in os.environ:
             final[key] = os.environ[key]
     drop = dropped_env(ref)

@@ -51,6 +51,23 @@ if _skew:
 # coordinator: on a real TPU VM JAX finds it from the metadata server (worker 0's address, port 8482), but only when
 # the VM has TPU chips; every emulated VM is this machine, so the emulator reserves a free local port instead.
 COORDINATOR = "RUNNER_EMULATOR_COORDINATOR"
+
+
+def storage_emulator_env(endpoint: str) -> dict[str, str]:
+    """What a VM's programs need to reach the storage emulator in place of Cloud Storage; a real TPU VM sets none of
+    it. google-cloud-storage and gcsfs read STORAGE_EMULATOR_HOST; Orbax writes its arrays through TensorStore, whose
+    GCS driver takes its endpoint and a fixed token (else it asks a metadata server for credentials), and reaches
+    its gs:// paths through etils.epath, here by gcsfs: with TensorFlow installed epath would take tf.io.gfile, which
+    cannot reach an emulator (a JAX image has no TensorFlow, and gcsfs)."""
+    return {
+        "STORAGE_EMULATOR_HOST": endpoint,
+        "TENSORSTORE_GCS_HTTP_URL": endpoint,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+        "EPATH_USE_TF": "false",
+    }
+
+
+STORAGE_EMULATOR_KEYS = tuple(storage_emulator_env(""))
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the runner and tpu_emulator packages
 
 
@@ -291,7 +308,7 @@ class VmLauncher:
         }
         if self.gcs_endpoint:
             env["RUNNER_STORAGE_API"] = self.gcs_endpoint
-            env["STORAGE_EMULATOR_HOST"] = self.gcs_endpoint
+            env.update(storage_emulator_env(self.gcs_endpoint))
         if coordinator:
             env[COORDINATOR] = coordinator
         if clock_skew_s:

@@ -9,6 +9,8 @@ from faults.scenarios import (
     clocks,
     compute_engine,
     deadlines,
+    jax_pod,
+    ownership,
     preemption,
     runner_death,
     storage,
@@ -17,6 +19,7 @@ from faults.scenarios import (
 
 CASES: tuple[Scenario, ...] = (
     *preemption.CASES,
+    *jax_pod.CASES,
     *capacity.CASES,
     *api_errors.CASES,
     *runner_death.CASES,
@@ -25,6 +28,7 @@ CASES: tuple[Scenario, ...] = (
     *teardown.CASES,
     *clocks.CASES,
     *compute_engine.CASES,
+    *ownership.CASES,
 )
 
 

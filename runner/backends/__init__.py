@@ -75,6 +75,8 @@ class CloudPackage(Package, Protocol):
 
     def sweep(self, timings: Timings) -> Sweep: ...
 
+    def machine_metadata(self, plan: Plan) -> tuple[str, dict[str, str], dict[str, str]]: ...
+
 
 def package(name: str) -> Package:
     """The backend package the registry names `name`; StorageError for a name it does not know (a run record from
@@ -163,10 +165,25 @@ def resolver(spec: JobSpec) -> Callable[..., Target]:
 
 
 def plan_cloud(spec: JobSpec, spec_path: str | None, **kwargs: Any) -> Plan:
-    """runner.plan.planner.plan_cloud on the backend the spec goes to."""
+    """runner.plan.planner.plan_cloud on the backend the spec goes to, and the platform's limits on what its create
+    request carries (runner.plan.limits: the metadata, the startup script in it, the labels): PlanError, or with
+    `problems` each one there."""
+    from runner.plan import limits
     from runner.plan.planner import plan_cloud as plan
 
-    return plan(spec, spec_path, resolve=resolver(spec), **kwargs)
+    planned = plan(spec, spec_path, resolve=resolver(spec), **kwargs)
+    if planned.attach:
+        return planned  # nothing is created: the bootstrap goes over ssh
+    what, metadata, labels = cloud(planned.backend).machine_metadata(planned)
+    found = limits.metadata_problems(metadata, what) + limits.label_problems(labels, what)
+    found += limits.env_problems(planned.env, where="the job's environment")
+    errors = [PlanError(f, hint="keep large values out of `env:`: put them in a file the job reads") for f in found]
+    problems = kwargs.get("problems")
+    if problems is None and errors:
+        raise errors[0] if len(errors) == 1 else PlanError("\n".join(e.message for e in errors), hint=errors[0].hint)
+    if problems is not None:
+        problems.extend(errors)
+    return planned
 
 
 def findings(spec: JobSpec) -> tuple[AcceleratorType | None, list[compat.Finding]]:

@@ -83,6 +83,12 @@ class Backend(ABC, Generic[H]):
         is left and how to delete it. Idempotent: safe to call twice, or on a machine that is already gone; never
         deletes what the run did not create. Attached machines are left running (True)."""
 
+    def owns(self, handle: H) -> bool:
+        """Whether what the handle names is this run's to delete (it carries the handle's nonce, or is gone): a handle
+        recorded before a create that found its name taken (409) names another run's machine. Should return at
+        once (one API read at most)."""
+        return True
+
     def console_hint(self, handle: H) -> str | None:
         """Where to read what the machine did at boot, for a machine that never reported in."""
         return None

@@ -43,6 +43,8 @@ class Kind(Protocol[K]):
 
     def delete_hint(self, handle: K) -> str: ...
 
+    def owns(self, handle: K) -> bool: ...
+
     def teardown(self, handle: K, *, grace_s: float, wait_s: float) -> bool: ...
 
 
@@ -118,10 +120,19 @@ class ByKind(Backend[Z]):
     def delete_hint(self, handle: Z) -> str:
         return self._kind(handle).delete_hint(handle)
 
+    def owns(self, handle: Z) -> bool:
+        return self._kind(handle).owns(handle)
+
     def teardown(self, handle: Z, *, grace_s: float = 30.0, wait_s: float = 300.0) -> bool:
         """Delete what the handle names, from the handle alone (what each backend deletes: its class says), and
         whether it is confirmed gone within wait_s."""
         return self._kind(handle).teardown(handle, grace_s=grace_s, wait_s=wait_s)
+
+
+def owned_or_gone(found_labels: Mapping[str, str] | None, nonce: str | None) -> bool:
+    """A machine as read (its labels; None: gone) is the handle's to delete: gone, carrying its nonce, or a handle of
+    a record from before nonces (nothing to tell it by)."""
+    return found_labels is None or nonce is None or labels.owned(found_labels, nonce)
 
 
 def labels_of(found: Any | None) -> dict[str, str] | None:
@@ -134,6 +145,7 @@ def create_owned(
     kind: str,
     *,
     nonce: str | None,
+    run_id: str | None = None,
     send: Callable[[], str | None],
     found_labels: Callable[[], Mapping[str, str] | None],
     wait: Callable[[str | None], T],
@@ -141,7 +153,8 @@ def create_owned(
 ) -> T:
     """`send` the create request (its operation, or None) and `wait` for the machine. A 409 is this run's own
     machine only when it carries this submit's `nonce` (a retried request found what its first try created): then
-    it is waited for; anyone else's is never touched (NameTaken: the run takes another name). On any failure,
+    it is waited for; anyone else's is never touched (NameTaken: the run takes another name), and one another try of
+    this same run (`run_id`) made is never answered by a second machine beside it (AlreadyExists). On any failure,
     including one of `send` (the request may have gone through before a dropped answer or a Ctrl-C), whatever of
     this run's machine exists is `discard`ed."""
     operation: str | None = None
@@ -149,6 +162,8 @@ def create_owned(
         operation = send()
     except AlreadyExists:
         found = found_labels()
+        if found is not None and not labels.owned(found, nonce) and run_id and found.get(labels.RUN) == run_id:
+            raise same_run(kind, name, run_id) from None
         if found is None or not labels.owned(found, nonce):
             owner = found.get(labels.RUN, f"not a tpu-runner {kind}") if found is not None else "gone"
             raise NameTaken(name, owner, kind=kind) from None
@@ -160,3 +175,13 @@ def create_owned(
     except BaseException:
         discard()
         raise
+
+
+def same_run(kind: str, name: str, run_id: str) -> AlreadyExists:
+    """A 409 on a name this run's own machine holds, made by another try of the run (an earlier attempt, another
+    runner): one job never gets two machines, so no second one is made under another name."""
+    return AlreadyExists(
+        f"{kind} {name} exists already, and it is this run's own (made by another try of run {run_id}): no second "
+        "one is made beside it",
+        hint=f"`runner status {run_id}` shows what runs it; `runner down {run_id}` deletes it",
+    )

@@ -12,6 +12,9 @@ small class per format:
     BackupAndRestore  Keras 3's backup_dir: latest.weights.h5 + metadata    its weights file is there
     files             any other numbered series (ModelCheckpoint's)         it is there
 
+checkpoints/shared/ (RUNNER_SHARED_CHECKPOINT_DIR) is the one location every host of a job writes (a multi-host
+Orbax CheckpointManager's): read where it is, in the run directory, and never mirrored or restored per host.
+
 The supervisor's mirror (what it uploads and in what order, what it deletes from the bucket, what it brings back),
 `runner status` and the report (what is listed, the newest), the trainer (what it resumes from) and the
 supervisor's word on where a command job goes on from all read checkpoints here. Standard library only (and the
@@ -23,12 +26,13 @@ storage it reads): the supervisor stays light.
 """
 
 from runner.checkpoints.base import Format, Found, Listing, Saved
-from runner.checkpoints.orbax import committed_steps, newest_step
-from runner.checkpoints.survey import FORMATS, RESUMABLE, Survey, survey
+from runner.checkpoints.orbax import SHARED, committed_steps, newest_step
+from runner.checkpoints.survey import FORMATS, RESUMABLE, Survey, resume_point, survey
 
 __all__ = [
     "FORMATS",
     "RESUMABLE",
+    "SHARED",
     "Format",
     "Found",
     "Listing",
@@ -36,5 +40,6 @@ __all__ = [
     "Survey",
     "committed_steps",
     "newest_step",
+    "resume_point",
     "survey",
 ]

@@ -35,18 +35,24 @@ class Listing:
         return cls.of_storage(LocalStorage(directory), "")
 
     @classmethod
-    def of_storage(cls, storage: Storage, prefix: str) -> Listing:
-        """The objects under `prefix` (e.g. 'checkpoints/') of a storage; raises StorageError when it cannot be
-        listed. A read that fails later reads as missing: the object may be gone by then."""
+    def of_storage(cls, storage: Storage, prefix: str, root: str | None = None) -> Listing:
+        """The objects under `prefix` (e.g. 'checkpoints/') of a storage, keyed relative to `root` (a prefix of
+        it; default: `prefix` itself); raises StorageError when it cannot be listed. A read that fails later reads
+        as missing: the object may be gone by then."""
+        root = prefix if root is None else root
 
         def read(key: str) -> bytes | None:
             try:
-                return storage.read_bytes(prefix + key)
+                return storage.read_bytes(root + key)
             except StorageError:
                 return None
 
-        objects = {o.key.removeprefix(prefix): o for o in storage.list(prefix)}
+        objects = {o.key.removeprefix(root): o for o in storage.list(prefix)}
         return cls(objects, read, storage.is_local)
+
+    def without(self, prefix: str) -> Listing:
+        """The same listing less the keys under `prefix` (the shared location, within checkpoints/)."""
+        return Listing({k: v for k, v in self.objects.items() if not k.startswith(prefix)}, self.read, self.local)
 
     @classmethod
     def of_keys(cls, keys: Iterable[str], local: bool = True) -> Listing:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import contract
-from runner.checkpoints.base import Format, Found, Listing, Saved
+from runner.checkpoints.base import Format, Found, Listing, Saved, by_series
 
 MANIFEST = Path(contract.LATEST_CHECKPOINT).name
 MANIFEST_FORMAT = 2
@@ -38,6 +38,18 @@ ARCHIVE_MEMBERS = ("metadata.json", "config.json")
 _CHUNK = 1 << 20
 
 Position = tuple[int, int]  # (epochs done, steps done of the next epoch): orders checkpoints
+
+
+# Each fit in one process (a head, then fine-tuning) is its own resume point with its own series: the first fit's
+# checkpoints at the top of the checkpoint directory (where every run before several fits had them), the Nth's
+# (N >= 2) in fit-N/, with its own manifest.
+FIT_KEY_RE = re.compile(r"^(fit-\d+/)")
+
+
+def fit_prefix(ordinal: int) -> str:
+    """The directory, under the checkpoint directory, of the series of a process's fit number `ordinal` (0: its
+    first): '' for the first, 'fit-2/' for the second."""
+    return "" if ordinal == 0 else f"fit-{ordinal + 1}/"
 
 
 class ManifestError(ValueError):
@@ -297,23 +309,36 @@ class KerasFiles(Format):
     label = "Keras"
 
     def find(self, listing: Listing, unclaimed: set[str]) -> Found:
-        names = {k: position for k in unclaimed if (position := parse_name(k)) is not None}
-        found = Found(shared=[MANIFEST] if MANIFEST in unclaimed else [])
+        found = Found()
+        fits = {""} | {m[1] for k in unclaimed if (m := FIT_KEY_RE.match(k)) is not None}
+        for prefix in sorted(fits):  # the first fit's series at the top, each later fit's in its own fit-N/
+            self._find_series(listing, unclaimed, prefix, found)
+        return found
+
+    def _find_series(self, listing: Listing, unclaimed: set[str], prefix: str, found: Found) -> None:
+        mine = {k.removeprefix(prefix) for k in unclaimed if k.startswith(prefix) and "/" not in k[len(prefix) :]}
+        names = {k: position for k in mine if (position := parse_name(k)) is not None}
+        manifest = prefix + MANIFEST
+        found.shared += [manifest] if MANIFEST in mine else []
         entries: dict[str, Checkpoint] = {}
-        if MANIFEST in unclaimed:
-            raw = listing.read(MANIFEST)
+        problem = None
+        if MANIFEST in mine:
+            raw = listing.read(manifest)
             try:
                 if raw is None:
                     raise ManifestError("cannot be read")
                 entries = {c.file: c for c in parse_manifest(raw)}
             except ManifestError as exc:
-                found.problem = f"is unreadable: {exc}"
+                problem = f"is unreadable: {exc}"
         elif names:
-            found.problem = "is missing"
+            problem = "is missing"
         if missing := sorted(set(entries) - set(names)):
-            found.problem = found.problem or f"names {missing[0]}, which is not there"
-        for key, position in names.items():
-            entry = entries.get(key)
+            problem = problem or f"names {missing[0]}, which is not there"
+        if problem is not None and found.problem is None:
+            found.problem = problem if not prefix else f"({prefix}{MANIFEST}) {problem}"
+        for name, position in names.items():
+            key = prefix + name
+            entry = entries.get(name)
             step = entry.global_step if entry is not None else None
             found.saved.append(
                 Saved(
@@ -321,7 +346,7 @@ class KerasFiles(Format):
                     path=key,
                     keys=(key,),
                     committed=True,  # it appeared by a rename, whole
-                    series=self.label,
+                    series=self.label + (f" {prefix.rstrip('/')}" if prefix else ""),
                     order=position,
                     step=step,
                     epochs_done=position[0],
@@ -331,12 +356,12 @@ class KerasFiles(Format):
                     shown=key if step is None else f"{key} (step {step})",
                 )
             )
-        found.indexed = set(entries)
-        return found
+        found.indexed |= {prefix + name for name in entries}
 
     def verify(self, saved: Saved, directory: Path) -> str | None:
+        where = (directory / saved.path).parent  # a later fit's series is in its own fit-N/
         try:
-            entry = next((c for c in read_manifest(directory) if c.file == saved.path), None)
+            entry = next((c for c in read_manifest(where) if c.file == Path(saved.path).name), None)
         except (FileNotFoundError, ManifestError):
             entry = None
         return verify_file(directory / saved.path, entry)
@@ -346,7 +371,8 @@ class KerasFiles(Format):
         newest keep+1 by position too (for the trainer's directory scan); the manifest last, even unreadable, so
         that the trainer says so and scans instead."""
         named = [s.path for s in found.saved if s.path in found.indexed]
-        if found.problem is not None:
-            by_position = sorted(found.saved, key=lambda s: s.order, reverse=True)[: keep + 1]
-            named += [s.path for s in by_position if s.path not in named]
+        if found.problem is not None:  # any series' manifest: each series' newest by position too
+            for series in by_series(found.saved).values():
+                by_position = sorted(series, key=lambda s: s.order, reverse=True)[: keep + 1]
+                named += [s.path for s in by_position if s.path not in named]
         return named + found.shared

@@ -20,6 +20,7 @@ import json
 import re
 from pathlib import Path
 
+from runner import contract
 from runner.checkpoints.base import Format, Found, Listing, Saved, newest_time, total_size
 
 STEP_RE = re.compile(r"^(?:(?P<prefix>.*)_)?(?P<step>\d+)$")
@@ -29,6 +30,8 @@ COMMIT = "commit_success.txt"
 METADATA = "_CHECKPOINT_METADATA"
 # What an item directory of a step holds, in the Orbax versions that write no step-level file.
 ITEM_FILES = frozenset({"_METADATA", "manifest.ocdbt", "_sharding", COMMIT})
+# The shared location (RUNNER_SHARED_CHECKPOINT_DIR), as a path under checkpoints/: a multi-host job's steps.
+SHARED = contract.SHARED_CHECKPOINTS.removeprefix(contract.CHECKPOINTS + "/") + "/"
 
 
 def _step_dirs(keys: set[str]) -> tuple[set[str], set[str]]:
@@ -85,7 +88,7 @@ class OrbaxSteps(Format):
                     size=total_size(listing, keys),
                     time=newest_time(listing, keys),
                     markers=(marker,) if marker in keys else (),
-                    shown=f"step {step} (Orbax)",
+                    shown=f"step {step} (Orbax{', shared' if path.startswith(SHARED) else ''})",
                 )
             )
         return found
@@ -100,15 +103,16 @@ class OrbaxSteps(Format):
         return problem
 
 
-def committed_steps(directory: Path) -> list[int]:
+def committed_steps(directory: Path | Listing) -> list[int]:
     """The committed steps of the CheckpointManager whose directory is `directory` (its step directories directly
-    in it), oldest first: what CheckpointManager.all_steps() would restore from, without importing Orbax."""
-    listing = Listing.of_directory(directory)
+    in it; a local path, or a Listing of one in storage), oldest first: what CheckpointManager.all_steps() would
+    restore from, without importing Orbax."""
+    listing = directory if isinstance(directory, Listing) else Listing.of_directory(directory)
     found = OrbaxSteps().find(listing, set(listing.objects))
     return sorted(s.step for s in found.saved if s.committed and s.step is not None and "/" not in s.path)
 
 
-def newest_step(directory: Path) -> int | None:
+def newest_step(directory: Path | Listing) -> int | None:
     """The newest committed step in `directory` (a CheckpointManager's), or None when there is none."""
     steps = committed_steps(directory)
     return steps[-1] if steps else None

@@ -4,6 +4,7 @@ files)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from runner.checkpoints.backup import KerasBackup
@@ -67,3 +68,11 @@ def survey(listing: Listing) -> Survey:
         found[fmt.label] = fmt.find(listing, unclaimed)
         unclaimed -= found[fmt.label].keys
     return Survey(found)
+
+
+def resume_point(surveys: Iterable[Survey]) -> Saved | None:
+    """Where a job that resumes by itself (RESUMABLE: an Orbax CheckpointManager's latest_step(), ...) goes on
+    from: the newest committed checkpoint of those formats in any of `surveys` (RUNNER_CHECKPOINT_DIR's, the shared
+    location's), None when there is none."""
+    found = [saved for each in surveys if (saved := each.newest(RESUMABLE)) is not None]
+    return max(found, key=lambda s: (s.time or 0.0, s.order), default=None)

@@ -330,3 +330,6 @@ def _print_runs(entries: list[dict[str, Any]]) -> None:
             entry["goodput_cell"],
         )
     console().print(table)
+    for entry in entries:  # `+`: what may still bill, by name, and how to delete it
+        if entry["still_billing"]:
+            echo(f"+ {entry['run_id']}: {entry['still_billing']}")

@@ -104,28 +104,61 @@ def resume(
         bool, typer.Option("--process", help="With a local run: the entrypoint as a process even if Docker is there.")
     ] = False,
     set_values: SetOpt = [],  # noqa: B006  (typer reads the default; it is never mutated)
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start training over: the run's checkpoints and metrics are moved aside (set-aside/ in its run "
+            "directory), never deleted. Needed when --set changes the model or the data.",
+        ),
+    ] = False,
 ) -> None:
     """Continue a cancelled, failed, timed-out or hung run in its own run directory, from its newest checkpoint:
     the same run id, a new attempt in its history, the spec it recorded (with --set overrides, recorded too), on
     the backend it ran on (or this machine with --local)."""
-    from runner.backends import is_cloud, run_state
-    from runner.lifecycle.resume import check_resumable, recorded_spec
-    from runner.plan.planner import Continued
-    from runner.storage import open_storage
+    from runner.lifecycle.lease import Lease
+    from runner.lifecycle.resume import resumable_now
     from runner.timings import Timings
-    from runner.watch.lookup import resolve
-    from runner.watch.rundir import read_snapshot
 
-    record = resolve(run)
-    storage = open_storage(record.run_dir)
-    warnings: list[str] = []
-    state = run_state(record, read_snapshot(storage, with_metrics=False), warnings)
-    for warning in warnings:
-        say(f"warning: {warning}")
-    check_resumable(record, state)
-    spec = recorded_spec(storage, record.run_dir, set_values)
-    continued = Continued(record.run_id, record.run_dir)
     timings = Timings.from_env()
+    record, _, storage = resumable_now(run, say)  # refused early: no lease is taken for a run that succeeded
+    # One runner at a time: the run's lease first, then its state read again under it, so that of two resumes at
+    # once exactly one goes on, and a run another runner has just resumed is not resumed twice.
+    lease = Lease.take(storage, record.run_id, command="resume", timings=timings, say=say)
+    try:
+        previous, attempt, plan = _continued(run, local, set_values, timings, fresh)
+    except BaseException:
+        lease.release()
+        raise
+    say(f"resuming {record.run_id} ({previous.state}) as its attempt {attempt}")
+    try:
+        launch(
+            plan,
+            backend_for(plan, process, timings),
+            [],
+            detach=detach,
+            timings=timings,
+            previous=previous,
+            overrides=list(set_values),
+            lease=lease,
+        )
+    finally:
+        lease.release()  # the run's end released it already; anything that stopped it before: here
+
+
+def _continued(run: str, local: bool, set_values: list[str], timings: Any, fresh: bool) -> tuple[RunRecord, int, Plan]:
+    """Under the run's lease: the run as it is now (resumable, with no machine of an earlier attempt still there),
+    its attempt number, and the plan of its next attempt; with `fresh`, its checkpoints and metrics set aside."""
+    from runner.backends import backend_named, is_cloud
+    from runner.lifecycle.resume import check_meaning, no_machines_left, recorded_spec, resumable_now, set_aside
+    from runner.plan.planner import Continued
+
+    record, state, storage = resumable_now(run, lambda _: None)  # its warnings were said the first time
+    if record.machines:
+        no_machines_left(record, backend_named(record.backend, say, timings))
+    spec = recorded_spec(storage, record.run_dir, set_values)
+    check_meaning(record, storage, spec, set_values, fresh)
+    continued = Continued(record.run_id, record.run_dir)
     if local or not is_cloud(record.backend):
         from runner.plan.planner import plan_local
 
@@ -139,17 +172,10 @@ def resume(
         plan = plan_cloud(spec, record.spec_path, continued=continued, problems=problems, timings=timings)
         problems.raise_all()
     attempt = len(record.attempts) + 2
-    say(f"resuming {record.run_id} ({state}) as its attempt {attempt}")
-    previous = record.updated(state=state)
-    launch(
-        plan,
-        backend_for(plan, process, timings),
-        [],
-        detach=detach,
-        timings=timings,
-        previous=previous,
-        overrides=list(set_values),
-    )
+    if fresh:
+        where, moved = set_aside(storage, attempt)
+        say(f"--fresh: training starts over; {moved} checkpoint and metrics objects kept in {record.run_dir}/{where}/")
+    return record.updated(state=state), attempt, plan
 
 
 def backend_for(plan: Plan, process: bool, timings: Any) -> Backend[Any]:
@@ -168,8 +194,10 @@ def launch(
     timings: Any = None,
     previous: RunRecord | None = None,
     overrides: list[str] | None = None,
+    lease: Any = None,
 ) -> None:
-    """Print the plan (or the whole dry run), hand the run to the lifecycle, print its end."""
+    """Print the plan (or the whole dry run), hand the run to the lifecycle, print its end. `lease`: the run's,
+    when the caller took it (resume)."""
     from runner.errors import PlanError
 
     spec = plan.spec
@@ -196,8 +224,10 @@ def launch(
     from runner.plan.budget import plan_rows
 
     rows += plan_rows(plan.limit, local=plan.cloud is None, attached=plan.attach)
+    from runner.plan.planner import hang_limit
     from runner.spec.secrets import env_warnings
 
+    rows += [hang.row()] if (hang := hang_limit(plan)) is not None else []
     warnings = [*(plan.cloud.warnings if plan.cloud is not None else ()), *env_warnings(spec)]
     rows += [("warning", text) for text in warnings]
     if dry_run:
@@ -241,6 +271,7 @@ def launch(
         timings=timings,
         previous=previous,
         overrides=overrides,
+        lease=lease,
     )
     finish(outcome.record, outcome.state, outcome.snapshot, detached=outcome.detached)
 

@@ -24,7 +24,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
     JSON document; the exit code (0, or 2 if any failed)."""
     from runner import backends
     from runner.errors import SpecError
-    from runner.plan import datacheck
+    from runner.plan import datacheck, limits
     from runner.spec.loader import load_spec, shown
     from runner.spec.secrets import env_warnings
 
@@ -42,6 +42,7 @@ def validate_paths(paths: list[str] | list[Path], overrides: list[str] | None = 
         _, findings = backends.findings(spec)
         errors = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if f.error]
         errors += datacheck.problems(spec, Path.cwd())
+        errors += limits.env_in_metadata_problems(spec.env)  # what a TPU VM's startup script could not carry
         errors += dependency_problems(spec, Path.cwd())
         verdict |= {"job": spec.name, "problems": errors}
         verdict["warnings"] = [f.message + (f" ({f.hint})" if f.hint else "") for f in findings if not f.error]

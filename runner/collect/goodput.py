@@ -249,13 +249,17 @@ class Goodput:
         return rows
 
     def to_json(self) -> dict[str, Any]:
-        percent, productive, usd, billed_usd = self.percent, self.productive_s, self.usd, self.billed_usd
+        productive, usd, billed_usd = self.productive_s, self.usd, self.billed_usd
+        # the percent is of the seconds as written (to the ms), so a reader who divides the two gets it back
+        billed = round(self.billed_s, 3)
+        productive = None if productive is None else round(productive, 3)
+        percent = None if productive is None or billed <= 0 else round(100 * productive / billed, 2)
         return {
-            "billed_s": round(self.billed_s, 3),
+            "billed_s": billed,
             "billable": self.billable,
             "open": self.open,
-            "productive_s": None if productive is None else round(productive, 3),
-            "percent": None if percent is None else round(percent, 2),
+            "productive_s": productive,
+            "percent": percent,
             "usd": None if usd is None else round(usd, 6),
             "billed_usd": None if billed_usd is None else round(billed_usd, 6),
             "no_price": self.no_price,

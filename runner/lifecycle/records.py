@@ -1,14 +1,18 @@
 """The run record at the start of an attempt: a new run's, or the next attempt of one `runner resume` continues.
 
 Either way it is written locally and as run.json in the run directory, with the resolved spec, before anything is
-created: whatever happens next, the run can be found, inspected and deleted.
+created: whatever happens next, the run can be found, inspected and deleted. The local record goes first: a
+$RUNNER_HOME that refuses it stops the run before the run directory holds anything no `runner list` would know.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from runner import contract
+from runner.errors import RunnerError
 from runner.plan.planner import Plan
 from runner.spec.loader import dump_spec
 from runner.storage import Storage
@@ -17,9 +21,10 @@ from runner.watch.runs import Attempt, RunRecord
 from runner.watch.state import RunState
 
 
-def start_record(plan: Plan, storage: Storage) -> RunRecord:
-    """Write the resolved spec and run.json to the run directory and the local record, before anything is
-    created: whatever happens next, the run can be found and inspected."""
+def start_record(plan: Plan, storage: Storage, claim: Callable[[], object] = lambda: None) -> RunRecord:
+    """The local record, then `claim` (the run's lease), then the resolved spec and run.json in the run directory,
+    before anything is created: whatever happens next, the run can be found and inspected. A run directory that
+    cannot be written leaves the record `failed`, saying why, and nothing started."""
     record = RunRecord(
         run_id=plan.run_id,
         job=plan.spec.name,
@@ -30,9 +35,16 @@ def start_record(plan: Plan, storage: Storage) -> RunRecord:
         deadline=plan.deadline,
         num_workers=plan.num_workers,
     )
-    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
-    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
-    return runs.save(record)
+    runs.save(record)
+    try:
+        claim()
+        storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
+        storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
+    except RunnerError as exc:
+        reason = f"nothing was started: {exc.message}"
+        runs.update(record, state=RunState.FAILED, finished_at=time.time(), reason=reason)
+        raise
+    return record
 
 
 def continue_record(plan: Plan, storage: Storage, previous: RunRecord, overrides: list[str]) -> RunRecord:
@@ -46,7 +58,7 @@ def continue_record(plan: Plan, storage: Storage, previous: RunRecord, overrides
         backend=previous.backend,
         overrides=previous.overrides,
     )
-    record = previous.updated(
+    changes: dict[str, Any] = dict(
         backend=plan.backend,
         spec_path=plan.spec_path,
         deadline=plan.deadline,
@@ -58,15 +70,22 @@ def continue_record(plan: Plan, storage: Storage, previous: RunRecord, overrides
         attempts=[*previous.attempts, earlier],
         started_at=time.time(),
         overrides=list(overrides),
+        down_at=None,
     )
-    stale = [
-        *storage.list(contract.EXIT_DIR + "/"),
-        *storage.list(contract.HEARTBEATS_DIR + "/"),
-    ]
-    for info in stale:
-        storage.delete(info.key)
-    for key in (contract.SUMMARY, contract.HEARTBEAT):
-        storage.delete(key)
-    storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
-    storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
-    return runs.save(record)
+    record = runs.update(previous, **changes)  # first, as for a new run
+    try:
+        stale = [
+            *storage.list(contract.EXIT_DIR + "/"),
+            *storage.list(contract.HEARTBEATS_DIR + "/"),
+        ]
+        for info in stale:
+            storage.delete(info.key)
+        for key in (contract.SUMMARY, contract.HEARTBEAT):
+            storage.delete(key)
+        storage.write_bytes(contract.SPEC, dump_spec(plan.spec).encode())
+        storage.write_bytes(contract.RUN_INFO, runs.run_info(record))
+    except RunnerError as exc:
+        reason = f"nothing was started: {exc.message}"
+        runs.update(record, state=RunState.FAILED, finished_at=time.time(), reason=reason)
+        raise
+    return record

@@ -7,7 +7,7 @@
                    silent        up, but no word from its startup script within teardown.boot_timeout:
                                  recreate once, then fail with the reason
                    deadline      max_runtime passed: timed_out, whatever the machine does
-                   hung          no progress for teardown.hang_timeout: hung
+                   hung          no progress for teardown.hang_timeout (a pod slice: a default): hung
                    down          `runner down` from another shell: cancelled
                    worker        on a pod slice, one worker's job ended badly, never reported, or its
                                  heartbeat stopped: the run ends (failed, naming the worker), the slice goes
@@ -33,29 +33,40 @@ from typing import Any
 
 from runner import contract
 from runner.backends.base import Backend, Handle, MachineState
-from runner.errors import BackendError, BucketMissing, Preempted, RunnerError, SpecError, StorageError, UsageError
-from runner.interrupts import Interrupted, hurry, signals_deferred, signals_raise
+from runner.errors import (
+    BackendError,
+    BucketMissing,
+    Preempted,
+    RunBusy,
+    RunnerError,
+    SpecError,
+    StorageError,
+    UsageError,
+    Vanished,
+)
+from runner.interrupts import Interrupted, hurry, signals_raise
 from runner.launch.datacache import share_data
+from runner.lifecycle import machines
+from runner.lifecycle.decision import STOPPED_BY_DOWN, Deciding, Retry
+from runner.lifecycle.ending import Ending
 from runner.lifecycle.failure import runner_failed
 from runner.lifecycle.heartbeat import RunnerHeartbeat
-from runner.lifecycle.policy import should_delete
+from runner.lifecycle.lease import Lease
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import NOTICES, Verdict, Watchdog, machine_end
+from runner.lifecycle.watchdog import Verdict, Watchdog
 from runner.plan.planner import Plan
 from runner.storage import open_storage
-from runner.storage.parallel import delete_many, list_many
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
 from runner.watch.follow import Sight, fault, follow, say_event, show_new, tail_for
-from runner.watch.rundir import Snapshot
+from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
 from runner.watch.view import RunDirView
 
-# Before a machine is recreated its predecessor must be gone; a real TPU VM takes a minute or two to delete.
-REPLACE_WAIT_S = 600.0
+_IN_RUN_INFO = ("handle", "machines")  # record fields run.json carries: rewritten when they change
 
 
 @dataclass(frozen=True)
@@ -66,16 +77,11 @@ class Outcome:
     detached: bool = False
 
 
-class _Retry(Exception):
-    """Replace the machine and run again (a preemption, a silent boot, a failure with retries left); `resumes`: the
-    job ran, and the next attempt goes on from what it saved."""
-
-    def __init__(self, resumes: bool = True) -> None:
-        super().__init__()
-        self.resumes = resumes
+class _HandedOver(Exception):
+    """Another runner took the run over (this one's lease was taken: it was judged dead): it acts on it now."""
 
 
-class Run:
+class Run(Deciding, Ending):
     """The phases of one `submit`; `execute` drives them. Attributes are the run's state as it goes."""
 
     def __init__(
@@ -89,6 +95,7 @@ class Run:
         grace_s: float = 30.0,
         previous: RunRecord | None = None,
         overrides: list[str] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.plan, self.backend, self.say, self.on_output = plan, backend, say, on_output
         timings = timings or Timings()
@@ -97,10 +104,24 @@ class Run:
         self.grace_s = grace_s
         self.status_every_s = 0.0 if backend.ephemeral else timings.machine_status_every_s
         self.storage = open_storage(plan.run_dir, patience_s=timings.storage_patience_s)
-        if previous is None:
-            self.record = start_record(plan, self.storage)
-        else:  # `runner resume`: a new attempt of a run that ended short (runner.lifecycle.resume)
-            self.record = continue_record(plan, self.storage, previous, overrides or [])
+        # One owner at a time (runner.lifecycle.lease): `runner resume` takes the lease before it reads the run's
+        # state; a new run takes it right after its local record is written, before its run directory is.
+        self.lease = lease
+
+        def claim() -> None:
+            self.lease = Lease.take(self.storage, plan.run_id, command="submit", timings=timings, say=say)
+
+        try:
+            if previous is None:
+                self.record = start_record(plan, self.storage, claim if lease is None else lambda: None)
+            else:  # `runner resume`: a new attempt of a run that ended short (runner.lifecycle.resume)
+                if self.lease is None:
+                    claim()
+                self.record = continue_record(plan, self.storage, previous, overrides or [])
+        except BaseException:
+            if self.lease is not None and lease is None:
+                self.lease.release()
+            raise
         self.sight = Sight(say, self.poll_s)
         self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
         self.events = EventLog(self.storage, "runner", on_error=self._storage_failed)
@@ -126,8 +147,8 @@ class Run:
         """The local record and, when the handle changes, run.json: both always say what may exist. `required`:
         before a create request, where a run.json that cannot be written stops the run before anything exists;
         once something does, the local record is what deleting needs, and run.json is written when it can be."""
-        handle_changed = "handle" in changes and changes["handle"] != self.record.handle
-        self.record = runs.save(self.record.updated(**changes))
+        handle_changed = any(changes.get(k, getattr(self.record, k)) != getattr(self.record, k) for k in _IN_RUN_INFO)
+        self.record = runs.update(self.record, **changes)  # what `runner down` wrote meanwhile stays
         if handle_changed:
             try:
                 self.storage.write_bytes(contract.RUN_INFO, runs.run_info(self.record))
@@ -144,10 +165,13 @@ class Run:
         self.storage_trouble = exc
 
     def _on_handle(self, handle: Handle) -> None:
-        """Called by the backend before it sends a create request: recorded first, then created."""
+        """Called by the backend before it sends a create request: recorded first (with every machine the run asked
+        for before it, until each is confirmed gone), then created."""
         self.handle = handle
-        self._save(state=RunState.PROVISIONING, handle=handle.to_dict(), required=True)
-        self.events.emit("provisioning", handle=handle.to_dict())
+        data = handle.to_dict()
+        mine = machines.added(self.record.machines, data)
+        self._save(state=RunState.PROVISIONING, handle=data, machines=mine, required=True)
+        self.events.emit("provisioning", handle=data)
 
     def _storage_now(self) -> float | None:
         """The storage's own time now (runner-heartbeat written, and its `updated` read), for `since`: whatever a
@@ -167,7 +191,7 @@ class Run:
             # What the run directory holds from before this request is an older machine's (read_snapshot's since).
             self.since = self._storage_now() or self.since
             try:
-                handle = self.backend.provision(self.plan, self._on_handle)
+                handle = self._provision()
             except Preempted as exc:  # taken back while booting; the backend already deleted it
                 self.handle = None
                 if self.preemptions >= retries.preemptions:
@@ -186,6 +210,23 @@ class Run:
                 attached=self.plan.attach,
             )
             return handle
+
+    def _provision(self) -> Handle:
+        """The backend's provision. A machine deleted while it was being created (Vanished) ends the wait at once:
+        a job short enough to have ended (and its VM deleted its machine) goes on to be read; otherwise the error,
+        which the run's end tells apart from a stop by `runner down` (its record says so)."""
+        try:
+            return self.backend.provision(self.plan, self._on_handle)
+        except Vanished as exc:
+            if self.handle is None or self._down_elsewhere():
+                raise
+            try:
+                ended = read_snapshot(self.storage, with_metrics=False, since=self.since)
+            except StorageError:
+                raise exc from None
+            if len(ended.exits) < self.plan.num_workers:
+                raise
+            return self.handle
 
     def watch(self, handle: Handle) -> tuple[Verdict, Snapshot]:
         dog = Watchdog(
@@ -206,6 +247,8 @@ class Run:
             say_event(event, self.say)
 
         def stop(snapshot: Snapshot) -> bool:
+            if self.lease is not None and self.lease.lost.is_set():
+                raise _HandedOver
             if self.record.state == RunState.STARTING and dog.running(snapshot):
                 self._save(state=RunState.RUNNING)  # every worker's own heartbeat: now it runs
             found = dog.check(snapshot)
@@ -260,93 +303,6 @@ class Run:
                     return snapshot
                 time.sleep(wait)
 
-    def _down_elsewhere(self) -> bool:
-        """`runner down` from another shell: it marks this machine's record cancelled before it deletes anything,
-        so a machine gone that way is never taken for a preemption (and recreated), even with storage out of
-        reach."""
-        try:
-            return runs.load(self.plan.run_id).state == RunState.CANCELLED
-        except RunnerError:
-            return False
-
-    def decide(self, verdict: Verdict, snapshot: Snapshot, handle: Handle) -> RunState:
-        """The run's state after a verdict, or _Retry when the machine is to be replaced."""
-        retries = self.plan.spec.retries
-        if verdict == Verdict.DOWN or (verdict == Verdict.MACHINE_GONE and self._down_elsewhere()):
-            self.reason = None
-            return RunState.CANCELLED
-        if verdict == Verdict.DEADLINE:
-            self.reason = f"max_runtime ({self.plan.spec.teardown.max_runtime}s) passed"
-            self.say(f"{self.reason}: stopping the run and deleting what it created")
-            self.events.emit("deadline_passed", deadline=self.plan.deadline)
-            self.safety_stop = True
-            return RunState.TIMED_OUT
-        if verdict == Verdict.HUNG:
-            self.reason = f"no progress for over {self.plan.spec.teardown.hang_timeout}s (teardown.hang_timeout)"
-            self.say(f"{self.reason}: stopping the run")
-            self.events.emit("hung", seconds=self.plan.spec.teardown.hang_timeout)
-            self.safety_stop = True
-            return RunState.HUNG
-        if verdict == Verdict.SILENT:
-            hint = getattr(self.backend, "console_hint", None)
-            where = f"; what the VM did at boot: {hint(handle)}" if hint else ""
-            self.say(f"{self.reason}{where}")
-            retry = self.silent_boots < 1
-            self.events.emit("boot_timeout", seconds=self.plan.spec.teardown.boot_timeout, retry=retry)
-            if retry:
-                self.silent_boots += 1
-                self.say("deleting it and creating it once more")
-                raise _Retry(resumes=False)
-            self.safety_stop = True  # a VM that never ran the job bills for nothing: nothing to keep it for
-            return RunState.FAILED
-        notice = self.watchdog.notice if self.watchdog is not None else None
-        end = machine_end(self.backend, handle, verdict, snapshot, self.plan.num_workers, notice)
-        if end.taken_back:
-            if self.preemptions >= retries.preemptions:
-                self.events.emit("preempted", attempt=self.preemptions + 1, retry=False)
-                self.reason = f"preempted again, after {self.preemptions} recreation(s) (retries.preemptions)"
-                self.say(f"{self.reason}: giving up")
-                return RunState.FAILED
-            self.preemptions += 1
-            self.events.emit("preempted", attempt=self.preemptions, retry=True)
-            self.reason = None  # a worker stopped by the preemption is not the run's failure
-            slices = self.plan.cloud.slices if self.plan.cloud is not None else 1
-            # One slice of a multislice taken back means all restart from the last checkpoint, as Cloud TPU does
-            # when it repairs one (cloud.google.com/tpu/docs/multislice-introduction: "Auto-repair").
-            what = "the machine was preempted: recreating it"
-            if end.notice is not None:  # the job was stopped at the notice; the API shows the machine still
-                what = f"{NOTICES[end.notice]} (the job was stopped at once): recreating the machine"
-            if slices > 1:
-                what = f"a slice was preempted: recreating all {slices} slices"
-            self.say(f"{what} ({self.preemptions}/{retries.preemptions})")
-            if slices > 1:
-                self._let_the_chief_save()
-            raise _Retry
-        if end.stopped is not None:
-            self.reason = end.stopped
-            self.say(f"{end.stopped}: ending the run")
-            self.events.emit("machine_stopped", reason=end.stopped)
-            return RunState.LOST
-        if verdict == Verdict.WORKER_LOST:
-            self.say(f"{self.reason}: ending the run")
-            self.events.emit("worker_lost", reason=self.reason)
-            self.safety_stop = True  # a slice that cannot finish bills for nothing
-            state = RunState.FAILED
-        else:
-            state = derive_state(
-                snapshot, self.plan.num_workers, RunState.STARTING, machine_alive=False, heartbeat_timeout_s=0
-            )
-        if verdict == Verdict.WORKER_FAILED:
-            self.say(f"{self.reason}: ending the run on every worker")
-            self.events.emit("worker_failed", reason=self.reason)
-            self.safety_stop = True  # the other workers cannot finish without it: the slice goes, whatever the policy
-        if state == RunState.FAILED and self.failures < retries.failures:
-            self.failures += 1
-            self.events.emit("retrying_failure", attempt=self.failures)
-            self.say(f"the job failed: running it again ({self.failures}/{retries.failures})")
-            raise _Retry
-        return state
-
     def _failed(self, exc: Exception, left_running: bool) -> RunnerError:
         """A fault of this runner's own (runner.lifecycle.failure): said, with the job left running or stopped."""
         what = fault(exc)
@@ -393,74 +349,6 @@ class Run:
             view=self.view,
             last_read=False,  # what the end's poll did not read is read after the verdict's delete (settle)
         )
-
-    def replace(self, handle: Handle) -> None:
-        """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The
-        old machine is gone, so nothing writes them any more; a preempted worker records `cancelled`, which must
-        not end the next attempt. The delete goes first; the run directory is told after."""
-        t0 = time.time()
-        gone = self._delete(handle, "replacing", t0, wait_s=REPLACE_WAIT_S)
-        if not gone:
-            # Its successor would take its name: never create beside a machine that may still run the job.
-            raise BackendError(
-                "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
-            )
-        self.handle = None
-        # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words (and
-        # what cannot be cleared now is older than the next attempt's `since`).
-        try:
-            listed = list_many(self.storage, [contract.EXIT_DIR + "/", contract.HEARTBEATS_DIR + "/"])
-            delete_many(self.storage, [info.key for found in listed for info in found])
-        except StorageError as exc:
-            self._storage_failed(exc)
-
-    def _delete(self, handle: Handle, state: str, t0: float, *, wait_s: float | None = None) -> bool:
-        """The backend's teardown, from the handle alone; then teardown_requested (stamped when it was sent) and
-        teardown_done in the run directory, after what was held since the verdict. A deletion that failed leaves
-        the run marked as still billing, with the node and how to retry, before the error goes on."""
-        kwargs: dict[str, Any] = {"grace_s": self.grace_s} | ({"wait_s": wait_s} if wait_s is not None else {})
-        self.events.hold()
-        try:
-            gone = self.backend.teardown(handle, **kwargs)
-        except BackendError as exc:
-            self.events.release()
-            self.events.emit("teardown_requested", happened_at=t0, state=state)
-            self.events.emit("delete_failed", error=exc.message, handle=handle.to_dict())
-            self._save(still_billing=self._billing_note(handle, exc.message))
-            raise
-        self.events.release()
-        self.events.emit("teardown_requested", happened_at=t0, state=state)
-        self.events.emit("teardown_done", seconds=round(time.time() - t0, 2), confirmed=gone)
-        self._save(still_billing=None if gone else self._billing_note(handle, "its deletion is not confirmed"))
-        return gone
-
-    def _billing_note(self, handle: Handle, why: str) -> str:
-        what = self.backend.describe_handle(handle)
-        return (
-            f"{what} may still bill: {why}. Retry: `runner down {self.plan.run_id}` "
-            f"(or {self.backend.delete_hint(handle)})"
-        )
-
-    def teardown(self, left_running: bool) -> None:
-        if self.handle is None or left_running:
-            self.events.release()
-            return
-        policy = self.plan.spec.teardown.policy
-        # An attached machine's teardown stops the job and leaves the machine (the backend never deletes it).
-        delete = (
-            self.backend.ephemeral
-            or self.plan.attach
-            or self.safety_stop
-            or should_delete(policy, self.state, self.plan.attach)
-        )
-        with signals_deferred(self.say):
-            if delete:
-                gone = self._delete(self.handle, str(self.state), time.time())
-                if not gone:
-                    self.reason = (self.reason + "; " if self.reason else "") + "its machine was still being deleted"
-            else:
-                self.events.release()
-                self.events.emit("teardown_skipped", policy=policy, state=str(self.state))
 
     def settle(self) -> None:
         """The final state: a state decided above stands; one still open is settled by the workers' records. A run
@@ -520,7 +408,7 @@ class Run:
                         raise
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
-                    except _Retry as retry:
+                    except Retry as retry:
                         self.replace(handle)
                         if retry.resumes:
                             # Read once the old machine is gone: a preempted job saves in its notice's grace period,
@@ -533,11 +421,23 @@ class Run:
             self.state = RunState.CANCELLED
             self.say(f"{exc}: stopping the run")
             self.events.emit("cancel_requested", signal=str(exc))
+        except _HandedOver:
+            left_running = True  # the machine is the other runner's to follow and delete now
+            raise RunBusy(
+                f"another runner took run {self.plan.run_id} over while this one followed it (this one's lease was "
+                "not refreshed in time); it follows the run now",
+                hint=f"`runner status {self.plan.run_id}`",
+            ) from None
         except (BackendError, SpecError) as exc:  # SpecError: the job's own requirements, refused by pip (deps)
             self.events.hold()
-            self.state, self.reason = RunState.FAILED, exc.message
-            self.events.emit("provision_failed", error=exc.message)
-            raise
+            if self._down_elsewhere():  # deleted under the wait by `runner down`: that is the run's end, not exc
+                self.state, self.reason = RunState.CANCELLED, STOPPED_BY_DOWN
+                self.say(f"{exc.message}: the run was stopped by `runner down`")
+                self.events.emit("cancel_requested", by="runner down", error=exc.message)
+            else:
+                self.state, self.reason = RunState.FAILED, exc.message
+                self.events.emit("provision_failed", error=exc.message)
+                raise
         except StorageError as exc:
             # The bucket is gone, or the run directory could not take run.json before a create: nothing this run
             # writes can be kept, so it ends (what it created is deleted below, from the handle alone).
@@ -550,18 +450,25 @@ class Run:
             raise self._failed(exc, left_running) from exc
         finally:
             try:
-                self.teardown(left_running)
-            except BackendError as exc:
-                # Settled and recorded first, then reported: a machine that could not be deleted is the one thing
-                # the user must hear about, with how to delete it.
-                self.reason = f"{self.reason + '; ' if self.reason else ''}teardown failed: {exc.message}"
-                self.events.emit("teardown_failed", error=exc.message)
-                if not left_running:
-                    self.settle()
-                raise
+                self._end(left_running)
+            finally:
+                if self.lease is not None:  # settled first: the next runner finds the run as this one left it
+                    self.lease.release()
+        return Outcome(self.record, self.state, self.snapshot)
+
+    def _end(self, left_running: bool) -> None:
+        try:
+            self.teardown(left_running)
+        except BackendError as exc:
+            # Settled and recorded first, then reported: a machine that could not be deleted is the one thing the
+            # user must hear about, with how to delete it.
+            self.reason = f"{self.reason + '; ' if self.reason else ''}teardown failed: {exc.message}"
+            self.events.emit("teardown_failed", error=exc.message)
             if not left_running:
                 self.settle()
-        return Outcome(self.record, self.state, self.snapshot)
+            raise
+        if not left_running:
+            self.settle()
 
 
 def submit(
@@ -575,23 +482,31 @@ def submit(
     grace_s: float = 30.0,
     previous: RunRecord | None = None,
     overrides: list[str] | None = None,
+    lease: Lease | None = None,
 ) -> Outcome:
     """Run `plan` on `backend` from start to end; `previous`: the record of the run this continues (runner resume),
-    with the --set `overrides` it was given."""
-    if detach and plan.spec.teardown.runner_heartbeat_timeout:
-        raise UsageError(
-            "--detach and teardown.runner_heartbeat_timeout do not go together: the run would stop "
-            "itself once this runner returns",
-            hint="drop one of them",
+    with the --set `overrides` it was given; `lease`: the run's lease, when the caller took it (resume does, before
+    it reads the run's state), released when the run ends here."""
+    try:
+        if detach and plan.spec.teardown.runner_heartbeat_timeout:
+            raise UsageError(
+                "--detach and teardown.runner_heartbeat_timeout do not go together: the run would stop "
+                "itself once this runner returns",
+                hint="drop one of them",
+            )
+        run = Run(
+            plan,
+            backend,
+            say=say,
+            on_output=on_output,
+            timings=timings,
+            grace_s=grace_s,
+            previous=previous,
+            overrides=overrides,
+            lease=lease,
         )
-    run = Run(
-        plan,
-        backend,
-        say=say,
-        on_output=on_output,
-        timings=timings,
-        grace_s=grace_s,
-        previous=previous,
-        overrides=overrides,
-    )
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     return run.execute(detach)

@@ -2,7 +2,8 @@
 
 Readiness is the machine's own word (an event from its startup script or its worker), never the API's READY alone:
 a READY node can be silent (tensorflow/tpu#609), and slow creates have been taken for failures (marin#6087). The
-deadlines are the runner's, whatever the machine does: max_runtime, boot_timeout and (opt-in) hang_timeout.
+deadlines are the runner's, whatever the machine does: max_runtime, boot_timeout and hang_timeout (opt-in; on a pod
+slice a default that applies once the job reports progress: runner.plan.planner.hang_limit).
 
 On a pod slice every worker is judged on its own word: each must report (a bootstrap or worker event, or its
 heartbeat) within boot_timeout and keep its heartbeat going, and the first worker whose job ends badly ends the
@@ -31,7 +32,7 @@ from enum import Enum
 
 from runner.backends.base import Backend, Handle, MachineState
 from runner.errors import RunnerError
-from runner.plan.planner import Plan
+from runner.plan.planner import Plan, hang_limit
 from runner.watch.events import Event
 from runner.watch.follow import Sight
 from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot
@@ -226,18 +227,20 @@ class Watchdog:
         return f"{what} went away{said} before every worker recorded how its job ended"
 
     def hung_for(self, snapshot: Snapshot) -> float | None:
-        """Seconds the job's progress has stood still on some worker, by the machine's own clock, once past
-        hang_timeout."""
-        timeout = self.plan.spec.teardown.hang_timeout
-        if not timeout:
+        """Seconds the job's progress has stood still on some worker, by the machine's own clock, once past the
+        run's hang limit (a pod slice's default counts only workers whose job reports progress)."""
+        hang = hang_limit(self.plan)
+        if hang is None:
             return None
         still = [
             beat.time - beat.progress_at
             for beat in self.beats(snapshot).values()
-            if beat.phase != "exited" and beat.progress_at is not None
+            if beat.phase != "exited"
+            and beat.progress_at is not None
+            and (beat.progress is not None or not hang.default)
         ]
         longest = max(still, default=0.0)
-        return longest if longest > timeout + HANG_SLACK_S else None
+        return longest if longest > hang.seconds + HANG_SLACK_S else None
 
     def first_failure(self, snapshot: Snapshot, now: float) -> ExitRecord | None:
         """The worker whose job ended badly first (by its own clock), or None. A peer_stop exit (the stop its peers

@@ -20,8 +20,8 @@ from runner import contract, datasets
 from runner.errors import PlanError, UsageError
 from runner.launch import deps, variants
 from runner.launch.imageref import ImageRef
-from runner.plan import gcloud
-from runner.plan.budget import RuntimeLimit, limited, runtime_limit
+from runner.plan import gcloud, limits
+from runner.plan.budget import RuntimeLimit, duration, limited, runtime_limit
 from runner.plan.target import PLACEHOLDER_PROJECT, Problems, Resolve, Target
 from runner.spec import JobSpec, check_storage
 from runner.spec.secrets import SecretRef
@@ -35,6 +35,11 @@ CLOUD_DATA_DIR = "/tmp/tpu-runner/datasets"  # RUNNER_DATA_DIR inside a TPU VM's
 # What a dry run shows in place of a missing storage (a missing project: runner.plan.target.PLACEHOLDER_PROJECT).
 PLACEHOLDER_STORAGE = "gs://BUCKET/tpu-runner"
 EXAMPLE_PROJECT = "my-project"  # the project the shipped jobs' `image:` names, until `make push` prints yours
+# A pod slice whose progress stops (a collective waiting for a host that never comes: a multi-host checkpoint in
+# per-host directories, a dead peer) bills every host while it waits. Without a hang_timeout in the spec, its job is
+# stopped as hung after this long without progress, once it reports progress (progress.json, metrics.jsonl): long
+# enough for a large checkpoint's upload or an evaluation that writes nothing meanwhile.
+SLICE_HANG_DEFAULT_S = 1800
 
 
 SECRET_FILE_LIMIT = 64 * 1024  # Secret Manager's own limit on a secret's size
@@ -137,6 +142,8 @@ def job_env(
         env[contract.SUBMITTER_TIMEOUT_S] = str(spec.teardown.runner_heartbeat_timeout)
     if spec.teardown.hang_timeout:
         env[contract.HANG_TIMEOUT_S] = str(spec.teardown.hang_timeout)
+    elif num_workers > 1:
+        env[contract.HANG_DEFAULT_S] = str(SLICE_HANG_DEFAULT_S)
     every, keep = spec.checkpoint_policy
     env[contract.CHECKPOINT_EVERY], env[contract.CHECKPOINT_KEEP] = str(every), str(keep)
     if spec.training is not None:
@@ -149,6 +156,38 @@ def job_env(
         env[contract.SECRETS] = json.dumps({name: secret.as_ for name, secret in sorted(spec.secrets.items())})
     env.update((timings or Timings()).job_env())
     return env
+
+
+@dataclass(frozen=True)
+class HangLimit:
+    """How long a run's progress may stand still before its job is stopped as hung: `default` is a pod slice's
+    (SLICE_HANG_DEFAULT_S), which applies once the job reports progress; otherwise it is the spec's hang_timeout."""
+
+    seconds: int
+    default: bool
+
+    @property
+    def why(self) -> str:
+        return "a pod slice's default hang limit" if self.default else "teardown.hang_timeout"
+
+    def row(self) -> tuple[str, str]:
+        if self.default:
+            return (
+                "hang limit",
+                f"{duration(self.seconds)} without progress, once the job reports it (progress.json, metrics): "
+                "stopped as hung; a pod slice's default, teardown.hang_timeout sets another",
+            )
+        return "hang limit", f"{duration(self.seconds)} without progress: stopped as hung (teardown.hang_timeout)"
+
+
+def hang_limit(plan: Plan) -> HangLimit | None:
+    """The run's hang limit (the job's environment says it to the supervisor), or None: a single host whose spec
+    sets no hang_timeout is never stopped for standing still."""
+    if plan.spec.teardown.hang_timeout:
+        return HangLimit(plan.spec.teardown.hang_timeout, default=False)
+    if default := plan.env.get(contract.HANG_DEFAULT_S):
+        return HangLimit(int(default), default=True)
+    return None
 
 
 def own_code(spec: JobSpec) -> bool:
@@ -245,6 +284,9 @@ def plan_local(
         strategy = "cpu"  # N processes on one machine: the CPU's collectives (a GPU would be shared by all of them)
     env = job_env(spec, run_id, run_dir, strategy=strategy, deadline=deadline, num_workers=workers, timings=timings)
     env.setdefault(contract.DATA_DIR, str(datasets.cache_dir()))
+    # The job's process gets this machine's environment and the job's: what execve can take is this machine's.
+    if found := limits.exec_problems(spec.command or [], {**os.environ, **env}, os.sysconf("SC_ARG_MAX")):
+        raise PlanError("\n".join(found), hint="keep large values out of `env:`: put them in a file the job reads")
     limit = runtime_limit(spec, 0.0)  # no TPU here: a budget is not applied
     planned = (
         plan_secrets(spec, spec.accelerator.project or gcloud.default_project(), local=True) if spec.secrets else ()

@@ -28,6 +28,10 @@ SERVICE_ACCOUNT_RE = r"^[^@\s]+@[^@\s]+\.iam\.gserviceaccount\.com$"
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION_RE = re.compile(r"^(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 RESERVED_ENV_PREFIX = "RUNNER_"
+# Linux gives one environment string ("KEY=VALUE" and its NUL) at most MAX_ARG_STRLEN = 32 pages (include/uapi/
+# linux/binfmts.h); a longer one makes execve fail E2BIG, "Argument list too long", on any machine and in any
+# container (runner.plan.limits has the platform's other limits).
+MAX_ARG_STRLEN = 131_072
 
 # What each pattern means, in words: the loader shows these instead of the regular expressions.
 PATTERN_MEANINGS = {
@@ -481,7 +485,14 @@ class JobSpec(_Model):
     @field_validator("env")
     @classmethod
     def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        return _variable_names(value)
+        for key in _variable_names(value):
+            if (size := len(f"{key}={value[key]}".encode()) + 1) > MAX_ARG_STRLEN:
+                raise ValueError(
+                    f"{key}: {size:,} bytes as one KEY=VALUE string, over the {MAX_ARG_STRLEN:,} bytes (128 KiB) Linux "
+                    "gives one environment string (MAX_ARG_STRLEN): the job could not be started; put the text in "
+                    "a file the job reads"
+                )
+        return value
 
     _secrets_map = field_validator("secrets", mode="before")(secrets_map)
 

@@ -22,8 +22,8 @@ class ObjectInfo:
     key: str
     size: int
     updated: float | None = None  # when it was last written, by the storage's own clock (not the writer's)
-    # Changes whenever its content does (Cloud Storage's generation; a local file's inode and mtime): a reader that
-    # kept what it read knows from a listing alone whether to read it again.
+    # Which write it is: changes with every write (read_versioned, write_if; a local listing's from the file's inode,
+    # mtime and size): a reader that kept what it read knows from a listing alone whether to read it again.
     generation: int | None = None
 
 
@@ -66,6 +66,18 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove the object; no error if it does not exist."""
+        ...
+
+    def read_versioned(self, key: str) -> tuple[bytes, ObjectInfo] | None:
+        """The object's bytes and the generation (and storage time) of exactly those bytes; None if it does not
+        exist."""
+        ...
+
+    def write_if(self, key: str, data: bytes, *, generation: int) -> ObjectInfo:
+        """Write the object only if it is still at `generation` (0: only if it does not exist), as one step that
+        no other conditional writer can come between: its new generation and storage time. PreconditionFailed when
+        it is not (someone else wrote it since it was read). A write whose answer was lost and that landed is not
+        taken for someone else's: the object holding exactly `data` is this write."""
         ...
 
 

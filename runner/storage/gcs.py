@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from runner.errors import BucketMissing, StorageError, StorageUnreachable
+from runner.errors import BucketMissing, PreconditionFailed, StorageError, StorageUnreachable
 from runner.storage import ObjectInfo
 
 # Every write here replaces a whole object with the same bytes on a retry, so retrying is always safe; the
@@ -229,22 +229,51 @@ class GCSStorage:
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""
         try:
-            blobs = self._get_bucket().list_blobs(
-                prefix=base + prefix, fields=_LISTED, retry=self._retry(), timeout=self.timeout_s
-            )
-            out = [
-                ObjectInfo(
-                    b.name[len(base) :],
-                    int(b.size or 0),
-                    b.updated.timestamp() if b.updated else None,
-                    int(b.generation) if b.generation is not None else None,
-                )
-                for b in blobs
-                if _PART_SUFFIX not in b.name
-            ]
+            blobs = self._get_bucket().list_blobs(prefix=base + prefix, retry=self._retry(), timeout=self.timeout_s)
+            out = [_info(b, b.name[len(base) :]) for b in blobs if _PART_SUFFIX not in b.name]
         except _errors() as exc:
             raise self._wrap(exc, "list", prefix) from exc
         return sorted(out, key=lambda o: o.key)
+
+    def read_versioned(self, key: str) -> tuple[bytes, ObjectInfo] | None:
+        """The object's metadata, then the bytes of that generation (a rewrite in between: read again)."""
+        from google.api_core import exceptions as gexc
+
+        bucket = self._get_bucket()
+        try:
+            while True:
+                blob = bucket.get_blob(self._name(key), retry=self._retry(), timeout=self.timeout_s)
+                if blob is None:
+                    return None
+                info = _info(blob, key)  # before the download, which sets the blob's fields from its headers
+                try:
+                    data = blob.download_as_bytes(
+                        if_generation_match=info.generation, retry=self._retry(), timeout=self.timeout_s
+                    )
+                except (gexc.PreconditionFailed, gexc.NotFound):
+                    continue  # rewritten or deleted since its metadata was read
+                return data, info
+        except _errors() as exc:
+            raise self._wrap(exc, "read", key) from exc
+
+    def write_if(self, key: str, data: bytes, *, generation: int) -> ObjectInfo:
+        from google.api_core import exceptions as gexc
+
+        blob = self._get_bucket().blob(self._name(key))
+        try:
+            # Retried like any write: a retry of a write that landed finds its own bytes (below), not a rival's.
+            blob.upload_from_string(data, if_generation_match=generation, retry=self._retry(), timeout=self.timeout_s)
+        except gexc.PreconditionFailed:
+            found = self.read_versioned(key)
+            if found is not None and found[0] == data:
+                return found[1]
+            raise PreconditionFailed(
+                f"gs://{self.bucket_name}/{self._name(key)} is not at generation {generation} any more: "
+                "someone else wrote it since it was read"
+            ) from None
+        except _errors() as exc:
+            raise self._wrap(exc, "write", key) from exc
+        return _info(blob, key)
 
     def delete(self, key: str) -> None:
         from google.api_core import exceptions as gexc
@@ -255,3 +284,9 @@ class GCSStorage:
             return
         except _errors() as exc:
             raise self._wrap(exc, "delete", key) from exc
+
+
+def _info(blob: Any, key: str) -> ObjectInfo:
+    """An object's size, storage time and generation, as the answer that listed, read or wrote it said them."""
+    updated = blob.updated.timestamp() if blob.updated else None
+    return ObjectInfo(key, int(blob.size or 0), updated, int(blob.generation) if blob.generation else None)

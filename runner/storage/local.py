@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from runner.errors import StorageError
+from runner.errors import PreconditionFailed, StorageError
 from runner.storage import ObjectInfo
 
 
@@ -116,6 +119,59 @@ class LocalStorage:
             self._path(key).unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot delete {self._path(key)}: {exc.strerror}") from exc
+
+    # Conditional writes: Cloud Storage's generations, on a local disk. An object written through write_if has its
+    # generation in a hidden file beside it (a counter, so that two writes within one tick of the file system's
+    # clock still differ), and every conditional read and write of it holds an exclusive lock (flock) on a third:
+    # among conditional writers, reading the generation and writing the next one is one step.
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot lock {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    @staticmethod
+    def _generation(path: Path) -> int | None:
+        if not path.is_file():
+            return None
+        try:
+            return int((path.parent / f".{path.name}.generation").read_text())
+        except (OSError, ValueError):
+            return 1  # written by a plain write: its first generation
+
+    def read_versioned(self, key: str) -> tuple[bytes, ObjectInfo] | None:
+        path = self._path(key)
+        with self._locked(path):
+            generation = self._generation(path)
+            data = self.read_bytes(key)
+            if generation is None or data is None:
+                return None
+            return data, ObjectInfo(key, len(data), path.stat().st_mtime, generation)
+
+    def write_if(self, key: str, data: bytes, *, generation: int) -> ObjectInfo:
+        path = self._path(key)
+        with self._locked(path):
+            current = self._generation(path)
+            if (current or 0) != generation:
+                if current is not None and self.read_bytes(key) == data:
+                    return ObjectInfo(key, len(data), path.stat().st_mtime, current)
+                raise PreconditionFailed(
+                    f"{path} is not at generation {generation} any more: someone else wrote it since it was read"
+                )
+            try:  # the counter first: a write cut short between the two leaves a newer generation, never an older
+                write_atomic(path.parent / f".{path.name}.generation", str(generation + 1).encode())
+                write_atomic(path, data)
+            except OSError as exc:
+                raise StorageError(f"cannot write {path}: {exc.strerror}") from exc
+            return ObjectInfo(key, len(data), path.stat().st_mtime, generation + 1)
 
 
 def _files(directory: Path, base: str, start: str = "") -> list[ObjectInfo]:

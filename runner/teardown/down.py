@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from runner.backends import backend_named
 from runner.errors import BackendError, StorageError
@@ -36,30 +37,45 @@ class Down:
 
 
 def down(record: RunRecord, *, say: Callable[[str], None]) -> Down:
-    """Delete what `record`'s run created (an attached node is left running). BackendError (exit 5) when it is not
-    confirmed gone, after recording that it may still bill."""
-    if not record.handle:
+    """Delete what `record`'s run created: its machine and every other one it asked for that is not confirmed gone
+    (RunRecord.machines; an attached node is left running). BackendError (exit 5) when one is not confirmed gone,
+    after recording that it may still bill."""
+    handles = [m for m in record.machines if m != record.handle] + ([record.handle] if record.handle else [])
+    if not handles:
         return Down(False)
     backend = backend_named(record.backend, say)
-    handle = backend.handle_from_dict(record.handle)
     asked_at = time.time()
     if not record.state.is_terminal():  # recorded first: what the workers write while being stopped changes nothing
-        record = runs.save(record.updated(state=RunState.CANCELLED, finished_at=asked_at))
+        record = runs.update(record, state=RunState.CANCELLED, finished_at=asked_at, down_at=asked_at)
+    left: list[dict[str, Any]] = []
+    notes: list[str] = []
+    failed: BackendError | None = None
     with signals_deferred(say):
-        try:
-            gone = backend.teardown(handle)
-        except BackendError as exc:
-            note = f"{backend.describe_handle(handle)} may still bill: {exc.message}"
-            runs.save(record.updated(still_billing=f"{note}. Retry: `runner down {record.run_id}`"))
-            _tell_run_directory(record, asked_at, confirmed=False, failed=exc.message)
-            raise
-    record = runs.save(record.updated(still_billing=None))
-    record, storage_error = _tell_run_directory(record, asked_at, confirmed=gone)
-    if not gone:
-        note = f"{backend.describe_handle(handle)} is being deleted, but it is not confirmed gone"
-        runs.save(record.updated(still_billing=f"{note}. Check again: `runner down {record.run_id}`"))
+        for data in handles:
+            handle = backend.handle_from_dict(data)
+            try:
+                if data != record.handle and not backend.owns(handle):
+                    continue  # a name the run found taken: another run's machine, never this run's to delete
+                gone = backend.teardown(handle)
+            except BackendError as exc:
+                failed = failed or exc
+                left.append(data)
+                notes.append(f"{backend.describe_handle(handle)} may still bill: {exc.message}")
+                continue
+            if not gone:
+                left.append(data)
+                notes.append(f"{backend.describe_handle(handle)} is being deleted, but it is not confirmed gone")
+    billing = "; ".join(notes) + f". Retry: `runner down {record.run_id}`" if notes else None
+    record = runs.update(record, machines=left, still_billing=billing)
+    message = failed.message if failed is not None else None
+    record, storage_error = _tell_run_directory(record, asked_at, confirmed=not notes, failed=message)
+    if failed is not None:
+        raise BackendError("; ".join(notes), hint=failed.hint) from failed
+    if notes:
+        last = backend.handle_from_dict(left[-1])
         raise BackendError(
-            f"{note}: it may still bill", hint=f"`runner down {record.run_id}` again, or {backend.delete_hint(handle)}"
+            f"{'; '.join(notes)}: it may still bill",
+            hint=f"`runner down {record.run_id}` again, or {backend.delete_hint(last)}",
         )
     return Down(True, storage_error)
 
@@ -85,5 +101,5 @@ def _tell_run_directory(
     finished = len(snapshot.exits) >= record.num_workers and all(e.state != RunState.CANCELLED for e in snapshot.exits)
     if finished and record.state == RunState.CANCELLED:
         state = derive_state(snapshot, record.num_workers, RunState.PENDING, machine_alive=False, heartbeat_timeout_s=0)
-        record = runs.save(record.updated(state=state))
+        record = runs.update(record, state=state)
     return record, None

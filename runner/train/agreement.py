@@ -27,7 +27,7 @@ from typing import Any
 
 from runner import contract
 
-TARGET_S = 1.0  # aimed-at time between two mid-epoch agreement points
+TARGET_S = contract.CADENCES[contract.AGREE_S]  # aimed-at time between two mid-epoch agreement points (default)
 MAX_EVERY = 10_000  # steps
 
 
@@ -40,8 +40,12 @@ class Agreement:
         reduce_sum: Callable[[list[int]], list[int]],
         processes: int,
         clock: Callable[[], float] = time.monotonic,
+        target_s: float | None = None,
     ) -> None:
         self.reduce_sum, self.processes, self.clock = reduce_sum, processes, clock
+        # $RUNNER_AGREE_S (runner.timings' job_agree_s): a rehearsal whose epochs last about a second sets it lower,
+        # so that a stop in an epoch's first half is agreed within that epoch
+        self.target_s = contract.cadence(contract.AGREE_S) if target_s is None else target_s
         self.every = 1  # steps between mid-epoch points; the first point comes after the first step
         self._since = 0
         self._last = clock()
@@ -61,10 +65,10 @@ class Agreement:
         stops, terms, saves, elapsed_sum = self.reduce_sum(mine)
         if stops and stop.signum is None:
             stop.adopt(signal.SIGTERM if terms else signal.SIGINT)
-        if mid_epoch and self._since:  # aim the next point at TARGET_S from the processes' mean step time
+        if mid_epoch and self._since:  # aim the next point at target_s from the processes' mean step time
             mean_s = elapsed_sum / 1000 / self.processes
             per_step = max(mean_s / self._since, 1e-6)
-            self.every = max(1, min(MAX_EVERY, int(TARGET_S / per_step)))
+            self.every = max(1, min(MAX_EVERY, int(self.target_s / per_step)))
         self._since, self._last = 0, now
         return bool(stops), bool(saves)
 

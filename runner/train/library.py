@@ -28,6 +28,7 @@ tf.keras is then).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import signal
 import sys
@@ -47,6 +48,9 @@ from runner.train.checkpoints import (
 )
 
 DEFAULT_EVERY = 1  # epochs
+# The fits of this process that used keras_callbacks(), in order: each is its own resume point (a head, then
+# fine-tuning), with its own checkpoint series (runner.checkpoints.keras.fit_prefix).
+_FITS = itertools.count()
 
 
 def in_run(environ: dict[str, str] | None = None) -> bool:
@@ -117,6 +121,7 @@ def contract_callbacks(
     tensorboard: bool = True,
     printing: bool = True,
     milestones: Any = None,
+    series: str = "",
 ) -> list[Any]:
     """The callbacks of the run-directory contract, for both doors (the built-in trainer and keras_callbacks):
     position, metrics, progress, TensorBoard, checkpoints (each save, with what it took, among `milestones`' events:
@@ -156,7 +161,7 @@ def contract_callbacks(
     if chief and milestones is not None:
 
         def saved(entry: Any, seconds: float) -> None:
-            where = f"{contract.CHECKPOINTS}/{entry.file}"
+            where = f"{contract.CHECKPOINTS}/{series}{entry.file}"
             milestones.emit(SAVED, seconds=round(seconds, 3), step=entry.global_step, checkpoint=where)
 
         checkpointer.on_saved = saved
@@ -200,6 +205,7 @@ def keras_callbacks(
 def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
     """One Keras callback that, at on_train_begin, resumes the fit and then hands every hook to the contract's
     callbacks, which need what fit knows only then (steps per epoch, the model's strategy)."""
+    from runner.checkpoints.keras import fit_prefix
     from runner.checkpoints.resumed import EVENT as RESUMED
     from runner.checkpoints.resumed import RESTORED, furthest_step
     from runner.train import seams
@@ -232,15 +238,21 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 settings.seed, 0, data.batch_size or 0, steps, shuffle=f"{impl}/{framework}: {data.describe()}"
             )
             milestones = Milestones(ctx) if chief else None
+            # This fit's own series: a second fit (fine-tuning after a head) never goes on from the first's.
+            series = fit_prefix(next(_FITS))
+            if series:
+                _say(
+                    f"[runner] fit {series[4:-1]} of this process: its checkpoints are {contract.CHECKPOINTS}/{series}"
+                )
             t0 = time.monotonic()
-            chooser = ResumeChooser.open(ctx.checkpoint_dir, _say)
+            chooser = ResumeChooser.open(ctx.checkpoint_dir / series, _say)
             try:
                 with _scope(model):
                     resumed = restore_into(model, chooser, chooser.next_verified(), impl, framework, _say)
             except TrainerError as exc:  # a checkpoint that must not be skipped and cannot be loaded: stop here
                 _fail(str(exc))
             if milestones is not None and chooser.found_any:
-                loaded = f"{contract.CHECKPOINTS}/{resumed.name}" if resumed else None
+                loaded = f"{contract.CHECKPOINTS}/{series}{resumed.name}" if resumed else None
                 milestones.took(RESTORED, t0, stage="verify and load", checkpoint=loaded)
             start = start_from(
                 resumed,
@@ -251,6 +263,7 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 skipped=len(chooser.skipped),
                 say=_say,
                 prefix="[runner]",
+                series=series,
             )
             position, global_step = start.position, start.global_step
             replay = seams.plan_replay(keras, data, position, steps)
@@ -266,7 +279,7 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
             chunk = getattr(model, "steps_per_execution", 1) or 1  # tf_keras: a variable
             chunk = int(chunk.numpy()) if hasattr(chunk, "numpy") else int(chunk)
             self.undo = seams.continue_at(model, keras, replay, chunk)
-            where = ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS
+            where = (ctx.checkpoint_dir if chief else scratch_dir() / contract.CHECKPOINTS) / series
             store = CheckpointStore(where, settings.keep)
             store.history = chooser.history_for(resumed) if chief else []
             cursor = cb.Cursor(steps, epochs, replay.start, global_step, feed_skips=False)
@@ -289,6 +302,7 @@ def _run_callback(cb: Any, settings: Settings, tensorboard: bool) -> Any:
                 tensorboard=tensorboard,
                 printing=False,
                 milestones=milestones,
+                series=series,
             )
             self.checkpointer = self.inner[-1]
             if milestones is not None:  # the start-up is the job's own: the first step that trains ends it

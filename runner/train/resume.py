@@ -31,10 +31,11 @@ class Start:
     resumed: Candidate | None
     found_any: bool  # there was something to resume from: a manifest (readable or not) or a checkpoint file
     dropped: int = 0  # steps of the checkpoint's epoch trained again (it starts over from step 0)
+    series: str = ""  # the fit's directory under checkpoints/ ('fit-2/'; the first fit's: '')
 
     @property
     def checkpoint_path(self) -> str | None:
-        return f"{contract.CHECKPOINTS}/{self.resumed.name}" if self.resumed is not None else None
+        return f"{contract.CHECKPOINTS}/{self.series}{self.resumed.name}" if self.resumed is not None else None
 
     def restart_epoch(self, say: Callable[[str], None], why: str) -> Start:
         """The same start at the beginning of its epoch (its input cannot be replayed from the middle), said."""
@@ -71,23 +72,25 @@ def start_from(
     skipped: int,
     say: Callable[[str], None],
     prefix: str,
+    series: str = "",
 ) -> Start:
     """Where training goes on from `resumed` (the checkpoint loaded into the model, or None), with `steps` steps an
     epoch in the data order `order`; says it, with `prefix` ('[trainer]', '[runner]')."""
     if resumed is None:
         if found_any:
             say(f"{prefix} no checkpoint verifies ({skipped} skipped): starting over from epoch 1")
-        return Start((0, 0), 0, None, found_any)
+        return Start((0, 0), 0, None, found_any, series=series)
     ckpt = resumed.checkpoint
     # Training steps taken, from the manifest when it says. The optimizer's own count can be lower: Keras 3's
     # LossScaleOptimizer (mixed_float16) does not count the steps it skips for non-finite gradients.
     global_step = optimizer_step() if ckpt.global_step is None else ckpt.global_step
     epochs_done, step = ckpt.position
-    start = Start(ckpt.position, global_step, resumed, found_any)
+    start = Start(ckpt.position, global_step, resumed, found_any, series=series)
     if step == 0:
-        say(f"{prefix} resumed from {resumed.name}: epoch {epochs_done} done, optimizer step {global_step}")
+        say(f"{prefix} resumed from {series}{resumed.name}: epoch {epochs_done} done, optimizer step {global_step}")
     else:
-        say(f"{prefix} resumed from {resumed.name}: {describe(ckpt.position, steps)} (global step {global_step})")
+        where = describe(ckpt.position, steps)
+        say(f"{prefix} resumed from {series}{resumed.name}: {where} (global step {global_step})")
     if step and ckpt.data is not None and ckpt.data != order:
         # The rest of that epoch would not be the batches its first part left out: start the epoch over instead.
         why = f"{prefix} {resumed.name} was saved mid-epoch with another data order ({ckpt.data}, now {order})"

@@ -7,9 +7,13 @@ directory; a lost record only costs the shortcut (`runner status <run-dir>` stil
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +69,10 @@ class RunRecord(BaseModel):
     overrides: list[str] = Field(default_factory=list)  # this attempt's --set values
     # What may still bill, and how to delete it, when a deletion failed or was not confirmed; None once it is gone.
     still_billing: str | None = None
+    # Every machine (handle) the run asked to create and that is not confirmed gone, oldest first: `runner down`
+    # deletes each of them, whichever one `handle` names now.
+    machines: list[dict[str, Any]] = Field(default_factory=list)
+    down_at: float | None = None  # when `runner down` stopped the run (its follower then ends it `cancelled`)
 
     def updated(self, **changes: Any) -> RunRecord:
         return self.model_copy(update=changes)
@@ -74,17 +82,58 @@ def _path(run_id: str) -> Path:
     return runner_home() / "runs" / f"{run_id}.json"
 
 
+def _refused(path: Path, exc: OSError) -> StorageError:
+    """This machine's disk refusing a run record, said as what it is: full, read-only, or not ours to write."""
+    home = runner_home()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why, hint = "the disk is full", "free some space on that disk, or point $RUNNER_HOME at another one"
+    elif exc.errno == errno.EROFS:
+        why, hint = f"{home} is on a read-only file system", "point $RUNNER_HOME at a writable directory"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        why, hint = f"{home} is not writable by this user", "point $RUNNER_HOME at a writable directory"
+    else:
+        why, hint = exc.strerror or str(exc), "point $RUNNER_HOME at another directory"
+    said = exc.strerror or str(exc)
+    return StorageError(f"cannot save the run record {path}: {said}" + (f" ({why})" if why != said else ""), hint=hint)
+
+
 def save(record: RunRecord) -> RunRecord:
     """Write the record; StorageError (exit 4) when this machine's disk refuses it (full, read-only)."""
     path = _path(record.run_id)
     try:
         write_atomic(path, record.model_dump_json(indent=1).encode())
     except OSError as exc:
-        raise StorageError(
-            f"cannot save the run record {path}: {exc.strerror or exc}",
-            hint="free some space on that disk, or point $RUNNER_HOME at another one",
-        ) from None
+        raise _refused(path, exc) from None
     return record
+
+
+@contextmanager
+def locked(run_id: str) -> Iterator[None]:
+    """An exclusive lock on the run's record among this machine's runners (flock on a hidden file beside it): what
+    is read under it is not changed by anyone else until it is written back."""
+    path = _path(run_id)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _refused(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update(record: RunRecord, **changes: Any) -> RunRecord:
+    """`changes` applied to the record as it is on disk now (`record` when it is not there, or unreadable), under
+    the run's lock: what another runner wrote meanwhile (`runner down`'s stop) stays unless changed here."""
+    with locked(record.run_id):
+        path = _path(record.run_id)
+        current = record
+        if path.is_file():
+            with suppress(StorageError):  # a corrupt record is replaced by this one
+                current = _read(path)
+        return save(current.updated(**changes))
 
 
 def _read(path: Path) -> RunRecord:
@@ -163,6 +212,6 @@ def run_info(record: RunRecord) -> bytes:
     """run.json: the part of the record that belongs in the run directory."""
     fields = record.model_dump(
         mode="json",
-        include={"run_id", "job", "backend", "created_at", "deadline", "num_workers", "handle", "attempts"},
+        include={"run_id", "job", "backend", "created_at", "deadline", "num_workers", "handle", "attempts", "machines"},
     )
     return json.dumps(fields, indent=1).encode()

@@ -13,6 +13,9 @@ that stopped naming it is already there), and only what this mirror uploaded or 
 `keep` checkpoints, not every one a long run wrote, never holds half a rotated step that reads as committed, and
 never loses objects someone else put there.
 
+The shared location (checkpoints/shared/: RUNNER_SHARED_CHECKPOINT_DIR) is in storage already, written there by
+every host together: a local file under that name is never uploaded over it, and nothing of it is restored.
+
 Logs (logs/worker-N.log) only grow: they travel by their new bytes, up to a cap (runner.worker.logsync).
 """
 
@@ -25,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from runner import contract
-from runner.checkpoints import Listing, survey
+from runner.checkpoints import SHARED, Listing, survey
 from runner.checkpoints.keras import DEFAULT_KEEP
 from runner.errors import StorageError
 from runner.storage import ObjectInfo, Storage
@@ -71,6 +74,8 @@ class Mirror:
                     continue
                 path = Path(root) / name
                 key = path.relative_to(self.local).as_posix()
+                if key.startswith(_SHARED):  # the hosts' own location in storage: never overwritten from here
+                    continue
                 present.add(key)  # even if it vanishes before stat: a replaced file is never absent
                 try:
                     st = path.stat()
@@ -157,7 +162,7 @@ class Mirror:
         directory scan); of Orbax steps, TensorFlow saves and any other numbered series the `keep` newest committed,
         their commit files last; a BackupAndRestore backup and files rewritten in place, whole."""
         try:
-            listing = Listing.of_storage(self.storage, _CHECKPOINTS)
+            listing = Listing.of_storage(self.storage, _CHECKPOINTS).without(SHARED)
         except StorageError as exc:
             log.warning("could not list %s: %s", _CHECKPOINTS, exc)
             return []
@@ -170,6 +175,7 @@ class Mirror:
 
 
 _CHECKPOINTS = f"{contract.CHECKPOINTS}/"
+_SHARED = f"{contract.SHARED_CHECKPOINTS}/"
 
 
 def _read(path: Path) -> bytes | None:

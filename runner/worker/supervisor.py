@@ -7,7 +7,8 @@ One supervisor runs on each worker (each TPU VM host, or the one local process).
     sequences, to logs/worker-N.log,
   * writes the heartbeat while the job lives and mirrors the output directory to storage,
   * stops the job on SIGTERM/SIGINT (docker stop, preemption notice, the runner), when max_runtime passes, or
-    when the job's progress has not advanced for teardown.hang_timeout (opt-in: a wedged collective),
+    when the job's progress has not advanced for teardown.hang_timeout (a wedged collective; on a pod slice a
+    default applies once the job reports progress: RUNNER_HANG_DEFAULT_S),
   * records the terminal state in exit/worker-N.json, then pushes everything one last time.
 
 It imports neither TensorFlow nor anything heavy, so it is up in well under a second and can outlive a job
@@ -31,9 +32,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from runner import contract
-from runner.checkpoints import RESUMABLE, Listing, survey
+from runner.checkpoints import SHARED, Listing, Survey, resume_point, survey
 from runner.checkpoints.resumed import EVENT as RESUMED
 from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step, latest, redone
+from runner.errors import StorageError
 from runner.redact import Redactor, job_secrets
 from runner.storage import Storage, open_storage
 from runner.storage.local import LocalStorage
@@ -87,6 +89,8 @@ class Supervisor:
         self.submitter_timeout_s = float(submitter) if submitter else None
         hang = environ.get(contract.HANG_TIMEOUT_S)
         self.hang_timeout_s = float(hang) if hang else None
+        default = environ.get(contract.HANG_DEFAULT_S)
+        self.hang_default_s = float(default) if default else None
         self.deadline = float(environ[contract.DEADLINE]) if environ.get(contract.DEADLINE) else None
         self.storage: Storage = open_storage(self.run_dir)
         if self.storage.is_local:
@@ -111,6 +115,8 @@ class Supervisor:
         self._output_bytes = 0
         self._progress: tuple[object, ...] | None = None
         self.progress_at = time.time()
+        self.reported: Progress | None = None
+        self.reports_progress = False  # the job writes progress.json or metrics.jsonl
         self.resumed: dict[str, object] | None = None  # where a command job's attempt went on from (goes_on_from)
         self.restored: dict[str, float | int | str] | None = None  # the checkpoints' download onto this machine
         self.restored_at = 0.0
@@ -161,17 +167,36 @@ class Supervisor:
     # -- periodic work ------------------------------------------------------------------------------------------
 
     def progress(self) -> Progress | None:
-        """What the job reports of its progress (progress.json), and when it last advanced. A job that writes no
-        progress file (a custom command) advances while it writes output."""
+        """What the job reports of its progress (progress.json, and metrics.jsonl growing), and when it last
+        advanced. A job that reports neither (a custom command) advances while it writes output."""
         try:
             reported: Progress | None = Progress.from_json(json.loads((self.output / contract.PROGRESS).read_bytes()))
         except (OSError, ValueError, TypeError):
             reported = None
+        try:
+            metrics: int | None = (self.output / contract.METRICS).stat().st_size
+        except OSError:
+            metrics = None
+        self.reported, self.reports_progress = reported, reported is not None or metrics is not None
         # Validation steps count too (in the marker): a long evaluation is progress, not a hang.
-        marker = reported.marker if reported else ("output", self._output_bytes)
+        marker = (
+            (reported.marker if reported else None, metrics)
+            if self.reports_progress
+            else ("output", self._output_bytes)
+        )
         if marker != self._progress:
             self._progress, self.progress_at = marker, time.time()
         return reported
+
+    def hang_limit(self) -> tuple[float, str] | None:
+        """(seconds, what sets them) after which a job whose progress stands still is stopped as hung: the spec's
+        hang_timeout, else a pod slice's default once the job reports progress (never for one that reports none,
+        whose silence says nothing)."""
+        if self.hang_timeout_s:
+            return self.hang_timeout_s, "hang_timeout passed"
+        if self.hang_default_s and self.reports_progress:
+            return self.hang_default_s, "a pod slice's default hang limit passed (teardown.hang_timeout sets another)"
+        return None
 
     def heartbeat(self, phase: str) -> None:
         """Every worker's own (the runner's readiness and liveness of each host); worker 0's is also the run's."""
@@ -228,12 +253,15 @@ class Supervisor:
         elif self.deadline and now_s > self.deadline:
             self.stop_reason = "timed_out"
             self.safety_stop = "max_runtime passed, counted from the submit (across restarts)"
-        elif self.hang_timeout_s:
+        elif self.hang_timeout_s or self.hang_default_s:
             self.progress()
-            if now_s - self.progress_at > self.hang_timeout_s:
+            limit = self.hang_limit()
+            if limit is not None and now_s - self.progress_at > limit[0]:
                 self.stop_reason = "hung"
-                step = f" (step {self._progress[0]})" if self._progress and self._progress[0] != "output" else ""
-                self.safety_stop = f"no progress for {now_s - self.progress_at:.0f}s{step}: hang_timeout passed"
+                at = self.reported.global_step if self.reported and self.reported.global_step is not None else None
+                at = at if at is not None else self.reported.step if self.reported else None
+                step = f" (step {at})" if at is not None else ""
+                self.safety_stop = f"no progress for {now_s - self.progress_at:.0f}s{step}: {limit[1]}"
         if (
             not self.safety_stop
             and self.submitter_timeout_s
@@ -272,20 +300,34 @@ class Supervisor:
             self.restored_at = time.time()
         return pulled
 
+    def shared(self) -> list[Survey]:
+        """The shared location's checkpoints (RUNNER_SHARED_CHECKPOINT_DIR: checkpoints/shared in the run
+        directory), keyed as under checkpoints/, where the run directory is not this host's output directory (a
+        local one holds them in its checkpoints/ already)."""
+        if self.mirror is None:
+            return []
+        prefix = contract.SHARED_CHECKPOINTS + "/"
+        try:
+            return [survey(Listing.of_storage(self.storage, prefix, root=contract.CHECKPOINTS + "/"))]
+        except StorageError as exc:
+            self.note(f"[runner] warning: {contract.SHARED_CHECKPOINT_DIR} cannot be read now: {exc}")
+            return []
+
     def goes_on_from(self, events: EventLog) -> dict[str, object] | None:
-        """A command job's later attempt: where it goes on from, as the runner reads RUNNER_CHECKPOINT_DIR (the
-        newest committed checkpoint of a format a job resumes from by itself: an Orbax step, a TensorFlow save, a
-        BackupAndRestore backup), said in its log and as an event. keras_callbacks() says it itself, from the
-        checkpoint it loads."""
+        """A command job's later attempt: where it goes on from, as the runner reads RUNNER_CHECKPOINT_DIR and the
+        shared location (the newest committed checkpoint of a format a job resumes from by itself: an Orbax step, a
+        TensorFlow save, a BackupAndRestore backup: runner.checkpoints.resume_point), said in its log and as an
+        event. keras_callbacks() says it itself, from the checkpoint it loads."""
         found = survey(Listing.of_directory(self.output / contract.CHECKPOINTS))
-        newest = found.newest(RESUMABLE)
         if any(s.format == "Keras" for s in found.saved):
             return None
+        surveys = [found, *self.shared()]
+        newest = resume_point(surveys)
         if newest is None:
-            if not found.committed():
+            if not any(each.committed() for each in surveys):
                 self.note(
-                    f"[runner] nothing in {contract.CHECKPOINT_DIR} to go on from: the job starts over, unless it "
-                    "keeps its checkpoints elsewhere"
+                    f"[runner] nothing in {contract.CHECKPOINT_DIR} or {contract.SHARED_CHECKPOINT_DIR} to go on "
+                    "from: the job starts over, unless it keeps its checkpoints elsewhere"
                 )
             return None
         record = Resumed(
@@ -295,7 +337,8 @@ class Supervisor:
             format=newest.format,
             epoch=newest.epochs_done,
         )
-        self.note(f"[runner] {record.text()}: the newest committed checkpoint in {contract.CHECKPOINT_DIR}")
+        where = contract.SHARED_CHECKPOINT_DIR if newest.path.startswith(SHARED) else contract.CHECKPOINT_DIR
+        self.note(f"[runner] {record.text()}: the newest committed checkpoint in {where}")
         events.emit(RESUMED, **record.to_json())
         return record.to_json()
 

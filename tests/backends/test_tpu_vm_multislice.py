@@ -11,6 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from runner.cli import app
+from runner.launch.bootstrap import SPOT_GRACE_S
 from runner.storage import Storage, open_storage
 from tests.backends.test_tpu_vm_queued import api_calls, timeline
 from tests.cloudjobs import IMAGE, preempt_when, run_id_of, submit
@@ -105,9 +106,9 @@ def test_a_jax_job_on_two_slices_trains_as_one_cluster_and_a_preempted_slice_los
     # 512 steps: an epoch that lasts many times the second by which the bucket's progress.json trails the trainer
     # (the VMs sync and write progress every 0.5 s: conftest's FAST_TIMINGS), so it is seen in its first half.
     steps = 8192 // 16
-    # 10 s from SIGTERM to SIGKILL, as the fault suite gives (a Spot VM really gets 30 s), not the fixture's 3 s: on a
-    # loaded machine worker 0's stop checkpoint and exit record took longer than 3 s to reach the bucket.
-    cloud.vm_grace_s = 10.0
+    # A Spot VM's 30 s from SIGTERM to power-off, not the fixture's 3 s: on a loaded machine worker 0's stop
+    # checkpoint and exit record took longer than 3 s to reach the bucket (the VM powers off once its job is gone).
+    cloud.vm_grace_s = SPOT_GRACE_S
 
     def mid_epoch(node: Any, store: Storage) -> bool:
         raw = node.node_id.endswith("-1") and store.read_bytes("progress.json")

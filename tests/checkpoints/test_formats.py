@@ -160,3 +160,37 @@ def test_every_format_claims_its_own_and_restores_its_newest(keep: int) -> None:
     assert ("650/commit_success.txt" in restored) and (("640/commit_success.txt" in restored) == (keep == 2))
     assert restored.index("650/_CHECKPOINT_METADATA") < restored.index("650/commit_success.txt")  # the marker last
     assert ("model-01.keras" in restored) == (keep == 2) and "model-02.keras" in restored
+
+
+def test_a_later_fit_s_series_is_its_own_with_its_own_manifest(tmp_path: Path) -> None:
+    """keras_callbacks() in a second fit of one process saves in fit-2/: its checkpoints are the runner's own
+    (never a numbered series of files), verified against fit-2/latest.json, and restored beside the first fit's."""
+    from runner.checkpoints.keras import Checkpoint, KerasFiles, fit_prefix, manifest_bytes
+
+    assert (fit_prefix(0), fit_prefix(1)) == ("", "fit-2/")
+    for prefix, epochs in (("", [1, 2]), ("fit-2/", [2, 3])):
+        directory = tmp_path / prefix
+        directory.mkdir(exist_ok=True)
+        entries = []
+        for epoch in epochs:
+            name = f"ckpt-{epoch:06d}.keras"
+            shutil.copy(Path(__file__).with_name("__init__.py"), directory / name)  # bytes; not a zip
+            entries.append(Checkpoint(file=name, epochs_done=epoch, global_step=epoch * 8))
+        (directory / "latest.json").write_bytes(manifest_bytes(entries))
+    found = survey(Listing.of_directory(tmp_path))
+    keras = found.found["Keras"]
+    assert {s.path: s.series for s in keras.saved} == {
+        "ckpt-000001.keras": "Keras",
+        "ckpt-000002.keras": "Keras",
+        "fit-2/ckpt-000002.keras": "Keras fit-2",
+        "fit-2/ckpt-000003.keras": "Keras fit-2",
+    }
+    assert keras.problem is None and sorted(keras.shared) == ["fit-2/latest.json", "latest.json"]
+    assert not found.found["files"].saved  # nothing of it left to the numbered-files format
+    assert sorted(found.restore(2)) == sorted(keras.keys)  # both series and both manifests
+    later = next(s for s in keras.saved if s.path == "fit-2/ckpt-000003.keras")
+    assert later.step == 24  # from fit-2/latest.json, not the first fit's manifest
+    assert "not an intact .keras archive" in (KerasFiles().verify(later, tmp_path) or "")  # found, then checked
+    (tmp_path / "fit-2" / "latest.json").write_text("{")
+    broken = survey(Listing.of_directory(tmp_path)).found["Keras"]
+    assert broken.problem is not None and broken.problem.startswith("(fit-2/latest.json) is unreadable")

@@ -12,7 +12,7 @@ import yaml
 
 from runner.collect.cost import node_spans, price_for
 from runner.collect.facts import gather
-from runner.collect.goodput import Goodput, compute, record_in_summary
+from runner.collect.goodput import Cause, Goodput, compute, record_in_summary
 from runner.collect.timeline import build_timeline, startup
 from runner.plan import catalog
 from runner.storage import open_storage
@@ -376,3 +376,21 @@ def test_a_flex_start_instance_s_wait_is_not_told_apart_from_its_create() -> Non
     assert capacity.billed_s == 0 and capacity.waited_s is None and "no event of its end" in capacity.note
     assert g.cause("provisioning").waited_s == pytest.approx(900)
     assert billed(g)["job"] == 65.0 and g.percent is None
+
+
+def test_the_json_percent_is_the_written_seconds_divided():
+    """A short run: the seconds are written to the ms, and the percent is of those figures (rounding each apart once
+    put the percent 0.01 off the quotient a reader works out from the JSON)."""
+    # billed 9.00049 s -> 9.0 as written; productive 0.39749 s -> 0.397: 100 * 0.397 / 9.0 = 4.4111 -> 4.41
+    g = Goodput(
+        billed_s=9.00049,
+        billable=False,
+        open=False,
+        causes=(Cause("productive", 0.39749), Cause("job", 9.00049 - 0.39749)),
+        disruptions=(),
+        price=None,
+    )
+    data = g.to_json()
+    assert data["billed_s"] == 9.0 and data["productive_s"] == 0.397
+    assert data["percent"] == 4.41
+    assert [c["billed_s"] for c in data["causes"] if c["cause"] == "productive"] == [0.397]

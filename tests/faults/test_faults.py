@@ -264,9 +264,14 @@ def test_the_proxy_fails_the_next_matching_uploads_and_the_client_retries(
 
 # Cases that are quick when they pass but that the runner does not pass yet (docs/faults.md, "Open findings").
 @pytest.fixture
-def suite(gcs_server: str, tmp_path: Path, mnist_npz: Path):  # type: ignore[no-untyped-def]
+def suite(storage_emulator, tmp_path: Path, mnist_npz: Path):  # type: ignore[no-untyped-def]
     with Suite(
-        tmp_path / "faults", gcs_endpoint=gcs_server, bucket="runner-test", mnist=mnist_npz, timings=FAST_TIMINGS
+        tmp_path / "faults",
+        gcs_endpoint=storage_emulator.endpoint,
+        bucket="runner-test",
+        mnist=mnist_npz,
+        timings=FAST_TIMINGS,
+        storage_server=storage_emulator,
     ) as s:
         yield s
 

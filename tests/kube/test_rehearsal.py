@@ -64,6 +64,17 @@ def _running(api: Any, namespace: str, name: str, count: int = 2) -> list[Any] |
     return pods if [p.status.phase for p in pods] == ["Running"] * count else None
 
 
+def _failed_or_refused(kube: Any, api: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The JobSet once Failed; the test fails at once, with the kubelet's words, when a pod could not start."""
+    if js := _jobset_with(api, namespace, name, "Failed"):
+        return js
+    errors = [e for e in kube.kubelet.errors if e.startswith(f"{namespace}/") or f" {namespace}/" in e]
+    for pod in _pods(api, namespace, name):
+        if pod.status.reason == "StartError" or errors:
+            pytest.fail(f"{pod.metadata.name} did not start: {pod.status.message} {errors}")
+    return None
+
+
 def _pods(api: Any, namespace: str, name: str) -> list[Any]:
     _, core, _ = _apis(api)
     return list(core.list_namespaced_pod(namespace, label_selector=f"{NAME}={name}").items)
@@ -290,11 +301,31 @@ def test_a_pod_runs_in_a_real_container(
     pod_template["metadata"] = {"annotations": {RUN_ANNOTATION: "container"}}
     pod_template["spec"]["containers"][0]["image"] = BASE_IMAGE
     _create(kube_api, kube_namespace, manifest)
-    wait_for(lambda: _jobset_with(kube_api, kube_namespace, name, "Failed"), "the JobSet Failed (exit 4)")
+    wait_for(lambda: _failed_or_refused(kube, kube_api, kube_namespace, name), "the JobSet Failed (exit 4)")
     (pod,) = _pods(kube_api, kube_namespace, name)
     assert pod.status.container_statuses[0].state.terminated.exit_code == 4
     log = kube.kubelet.log_of(kube_namespace, pod.metadata.name)
     assert log is not None and f"worker 0 0 {name}-slice-0-0.{name}" in log.read_text()
+
+
+def test_a_command_the_engine_cannot_run_fails_the_pod_with_the_engine_s_words(
+    kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str, container_engine: Any
+) -> None:
+    """`podman run` (or `docker run`) refusing (exit 125-127) ends the pod Failed, StartError, with the engine's own
+    message, never a pod left Running."""
+    from tests.containers import BASE_IMAGE
+    from tpu_emulator.kube.kubelet import ENGINE_EXITS, RUN_ANNOTATION
+
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    manifest = jobset_manifest(name, tpu_pool, hosts=1, command=["no-such-command-here"])
+    pod_template = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    pod_template["metadata"] = {"annotations": {RUN_ANNOTATION: "container"}}
+    pod_template["spec"]["containers"][0]["image"] = BASE_IMAGE
+    _create(kube_api, kube_namespace, manifest)
+    wait_for(lambda: _jobset_with(kube_api, kube_namespace, name, "Failed"), "the JobSet Failed")
+    (pod,) = _pods(kube_api, kube_namespace, name)
+    assert pod.status.container_statuses[0].state.terminated.exit_code in ENGINE_EXITS
+    assert pod.status.reason == "StartError" and "no-such-command-here" in pod.status.message, pod.status
 
 
 def test_a_killed_pod_fails_the_jobset_with_its_exit_code(

@@ -42,6 +42,8 @@ def test_requirements_go_in_a_layer_of_their_own_that_a_code_change_reuses(
     said: list[str] = []
 
     def build_code() -> tuple[build.ImageResult, float]:
+        # an earlier run of this test on this machine left this content's image: the test is of a build
+        container_engine.run("rmi", "--force", code.code_reference(cpu_image.reference, project))
         started = time.monotonic()
         result = code.ensure_code_image(
             cpu_image, project, engine=container_engine, say=said.append, ca_certs=machine_ca_certs()

@@ -16,7 +16,8 @@ import pytest
 
 from runner.backends.base import MachineState
 from runner.backends.tpu_vm.backend import STATE_NOTES, TpuVmBackend
-from runner.lifecycle.policy import should_delete
+from runner.contract import HANG_DEFAULT_S
+from runner.lifecycle.ending import should_delete
 from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog, machine_end
 from runner.plan.planner import plan_local
 from runner.spec.loader import load_spec_text
@@ -111,6 +112,17 @@ def test_stalled_progress_is_hung_only_past_the_slack(tmp_path: Path) -> None:
     off = Watchdog(plan_with(tmp_path, "max_runtime: 600"), Machine(), None, status_every_s=0)
     off.on_event(event("worker-0", "worker_started"))
     assert off.check(snapshot(beat=stuck)) is None  # hang_timeout is opt-in
+
+
+def test_a_pod_slices_default_hang_limit_counts_only_workers_that_report_progress(tmp_path: Path) -> None:
+    plan = plan_with(tmp_path, "max_runtime: 600")
+    dog = Watchdog(dataclasses.replace(plan, env={**plan.env, HANG_DEFAULT_S: "60"}), Machine(), None, status_every_s=0)
+    dog.on_event(event("worker-0", "worker_started"))
+    now = time.time()
+    silent = {"time": now, "phase": "running", "progress_at": now - 61 - HANG_SLACK_S}  # output only: no progress
+    assert dog.check(snapshot(beat=silent)) is None
+    stuck = {**silent, "progress": {"step": 40, "time": now - 61 - HANG_SLACK_S}}
+    assert dog.check(snapshot(beat=stuck)) == Verdict.HUNG
 
 
 def test_down_from_another_shell_and_a_vanished_machine(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import BucketMissing, StorageError, StorageUnreachable
+from runner.errors import BucketMissing, PreconditionFailed, StorageError, StorageUnreachable
 from runner.storage import Storage, open_storage
 from runner.worker.mirror import Mirror
 from tpu_emulator.flaky_proxy import FlakyProxy
@@ -47,6 +47,27 @@ def test_list_is_sorted_and_filtered_by_prefix(storage: Storage) -> None:
     assert [o.key for o in storage.list()] == ["logs/worker-0.log", "logs/worker-1.log", "z.txt"]
     assert [(o.key, o.size) for o in storage.list("logs/")] == [("logs/worker-0.log", 17), ("logs/worker-1.log", 17)]
     assert storage.list("none/") == []
+
+
+def test_write_if_is_a_compare_and_swap_on_the_generation(storage: Storage) -> None:
+    """Create only if absent (generation 0), then only at the generation read: a writer that read an older one is
+    refused, and every write gets a new generation, read back with exactly its bytes."""
+    assert storage.read_versioned("owner.json") is None
+    first = storage.write_if("owner.json", b"first", generation=0)
+    assert first.generation
+    with pytest.raises(PreconditionFailed):
+        storage.write_if("owner.json", b"rival", generation=0)  # it exists now
+    data, info = storage.read_versioned("owner.json") or (b"", None)
+    assert data == b"first" and info is not None and info.generation == first.generation and info.updated
+    second = storage.write_if("owner.json", b"second", generation=first.generation)
+    assert second.generation != first.generation
+    with pytest.raises(PreconditionFailed):  # a writer that read `first`, after `second` came between
+        storage.write_if("owner.json", b"stale", generation=first.generation)
+    assert storage.read_bytes("owner.json") == b"second"
+    # A write whose answer was lost and that is sent again finds its own bytes: it is not someone else's.
+    again = storage.write_if("owner.json", b"second", generation=first.generation)
+    assert again.generation == second.generation
+    assert [o.key for o in storage.list()] == ["owner.json"]  # the local disk's lock and counter are hidden
 
 
 def test_20mb_checkpoint_round_trip(storage: Storage, tmp_path: Path) -> None:

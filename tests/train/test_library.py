@@ -81,3 +81,78 @@ def test_a_step_calls_only_the_callbacks_that_need_one(tmp_path: Path, mnist_npz
         "ckpt-000001.keras",
         "ckpt-000002.keras",
     ]
+
+
+TWO_FITS = """
+import os, signal, sys
+import keras
+from runner.datasets import load_npz
+from runner.train import keras_callbacks
+
+data = load_npz(sys.argv[1])
+x, y = data.x_train[:512].reshape(-1, 784) / 255.0, data.y_train[:512]
+
+
+class Say(keras.callbacks.Callback):
+    def __init__(self, fit):
+        super().__init__()
+        self.fit = fit
+
+    def on_epoch_end(self, epoch, logs=None):
+        print(f"TRAINED fit {self.fit} epoch {epoch + 1}", flush=True)
+        if self.fit == 2 and epoch == 0 and sys.argv[2] == "stop":
+            os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends, in the second fit
+
+
+base = keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu")])
+model = keras.Sequential([base, keras.layers.Dense(10)])
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+base.trainable = False  # the head first
+model.compile("adam", loss)
+model.fit(x, y, epochs=2, batch_size=64, callbacks=[*keras_callbacks(), Say(1)], verbose=0)
+base.trainable = True  # then fine-tuning, a fit of its own
+model.compile(keras.optimizers.Adam(1e-4), loss)
+model.fit(x, y, epochs=3, batch_size=64, callbacks=[*keras_callbacks(), Say(2)], verbose=0)
+print("DONE", flush=True)
+"""
+
+
+def test_each_fit_in_a_process_is_its_own_resume_point(tmp_path: Path, mnist_npz: Path) -> None:
+    """A head, then fine-tuning: the second fit trains its own 3 epochs (it never goes on from the first fit's
+    checkpoint), and stopped in its first epoch it resumes its own series while the first fit, done, trains nothing
+    again. Two processes (the stopped attempt and the resumed one) are what a resume is: about 20 s."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS", "KERAS_"))}
+    env.update({contract.RUN_ID: "fits", contract.RUN_DIR: str(run_dir), contract.OUTPUT_DIR: str(run_dir)})
+    env.update(contract.JobContext.from_env(env).env())
+
+    def attempt(how: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(TWO_FITS), str(mnist_npz), how],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    def trained(out: str) -> list[str]:
+        return [line.removeprefix("TRAINED ") for line in out.splitlines() if line.startswith("TRAINED ")]
+
+    first = attempt("stop")
+    assert first.returncode != 0 and "DONE" not in first.stdout, first.stdout + first.stderr[-3000:]
+    assert trained(first.stdout) == ["fit 1 epoch 1", "fit 1 epoch 2", "fit 2 epoch 1"], first.stdout
+    checkpoints = run_dir / contract.CHECKPOINTS
+    head = sorted(p.name for p in checkpoints.glob("ckpt-*.keras"))
+    assert head == ["ckpt-000001.keras", "ckpt-000002.keras"]
+    second = attempt("run")
+    said = second.stdout + second.stderr
+    assert second.returncode == 0 and "DONE" in second.stdout, said[-3000:]
+    assert trained(second.stdout) == ["fit 2 epoch 2", "fit 2 epoch 3"], said[-3000:]
+    assert "[runner] resumed from ckpt-000002.keras" in said  # the head's own, done
+    assert "[runner] resumed from fit-2/ckpt-000001" in said  # fine-tuning's own, not the head's
+    assert sorted(p.name for p in checkpoints.glob("ckpt-*.keras")) == head  # the head's series untouched
+    assert sorted(p.name for p in (checkpoints / "fit-2").glob("ckpt-*.keras")) == [
+        "ckpt-000002.keras",
+        "ckpt-000003.keras",
+    ]

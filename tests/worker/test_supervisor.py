@@ -104,8 +104,8 @@ def test_restarted_worker_appends_to_its_log_and_events(gcs: str, tmp_path: Path
     store = open_storage(run_dir)
     assert store.read_bytes("logs/worker-0.log") == (
         b"attempt 0\n"  # a first attempt says nothing of where it starts; a later one does
-        b"[runner] nothing in RUNNER_CHECKPOINT_DIR to go on from: the job starts over, unless it keeps its "
-        b"checkpoints elsewhere\nattempt 1\n"
+        b"[runner] nothing in RUNNER_CHECKPOINT_DIR or RUNNER_SHARED_CHECKPOINT_DIR to go on from: the job starts "
+        b"over, unless it keeps its checkpoints elsewhere\nattempt 1\n"
     )
     events = [json.loads(line) for line in store.read_bytes("events/worker-0.jsonl").splitlines()]
     assert [e["event"] for e in events].count("worker_started") == 2
@@ -165,6 +165,23 @@ def test_a_lost_submitter_stops_a_run_that_asked_for_it(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30
     record = exit_record(str(run_dir))
     assert record["state"] == "cancelled" and "has not been heard from" in record["error"]
+
+
+def test_a_pod_slices_default_hang_limit_ends_a_job_that_reported_progress_and_stopped(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    stalls = "import json, os, time; open(os.environ['RUNNER_PROGRESS_FILE'], 'w').write(json.dumps({'step': 7})); "
+    env = worker_env(run_dir, [sys.executable, "-c", stalls + "time.sleep(120)"], **{contract.HANG_DEFAULT_S: "1"})
+    assert run_worker(env).returncode == 124  # a safety stop
+    record = exit_record(run_dir)
+    assert record["state"] == "hung" and "(step 7): a pod slice's default hang limit passed" in record["error"]
+
+
+def test_the_default_hang_limit_leaves_a_job_that_reports_no_progress_alone(tmp_path: Path) -> None:
+    """Its silence says nothing: only hang_timeout in the spec ends such a job for standing still."""
+    run_dir = str(tmp_path / "run")
+    quiet = [sys.executable, "-c", "import time; time.sleep(3)"]  # three times the limit, writing nothing
+    assert run_worker(worker_env(run_dir, quiet, **{contract.HANG_DEFAULT_S: "1"})).returncode == 0
+    assert exit_record(run_dir)["state"] == "succeeded"
 
 
 def test_sigterm_cancels_and_the_job_gets_it(tmp_path: Path) -> None:

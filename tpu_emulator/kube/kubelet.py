@@ -44,6 +44,7 @@ RUN_ANNOTATION = "tpu-emulator.kube/run"  # on a pod: "container" or "process", 
 MARKER = "RUNNER_EMULATOR_POD"  # <pod uid>, in every process of a pod: stopping the pod finds them all
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+ENGINE_EXITS = (125, 126, 127)  # `docker run`/`podman run`: the engine failed, the command cannot run, not found
 
 
 def _now() -> str:
@@ -328,7 +329,13 @@ class Kubelet:
                 return
             run.done.set()
         phase = "Succeeded" if all(x.exit_code == 0 for x in run.containers) else "Failed"
-        self._write_status(run, phase)
+        refused = [x for x in run.containers if x.launch.mode != "process" and x.exit_code in ENGINE_EXITS]
+        if refused:  # the engine could not run the container: its own words, as a kubelet's StartError says them
+            tail = refused[0].log.read_text(errors="replace").strip()[-400:] if refused[0].log.is_file() else ""
+            message = f"{refused[0].launch.argv[0]} run exited {refused[0].exit_code}: {tail or 'no output'}"
+            self._write_status(run, phase, reason="StartError", message=message)
+        else:
+            self._write_status(run, phase)
 
     def _kill(self, run: PodRun, grace_s: float) -> None:
         run.stopping = True

@@ -19,9 +19,10 @@ from runner.timings import Timings
 if TYPE_CHECKING:
     from runner.backends.base import Backend
     from runner.backends.sweep import Sweep
+    from runner.plan.planner import Plan
 
 INFO = BackendInfo(NAME, "TPU VMs on Compute Engine (instances and managed instance groups)", ready="RUNNING")
-__all__ = ["INFO", "findings", "make", "resolve", "sweep"]
+__all__ = ["INFO", "findings", "machine_metadata", "make", "resolve", "sweep"]
 
 
 def make(say: Callable[[str], None], timings: Timings, *, process: bool = False) -> Backend[Any]:
@@ -35,3 +36,10 @@ def sweep(timings: Timings) -> Sweep:
     from runner.backends.compute_engine.sweeper import ComputeSweep
 
     return ComputeSweep(ComputeApi(timings=timings))
+
+
+def machine_metadata(plan: Plan) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The machine's name in words, its metadata and its labels, as its create request sends them."""
+    from runner.backends.compute_engine.requests import machine_metadata as of
+
+    return of(plan)

@@ -26,9 +26,10 @@ from runner.backends.compute_engine.handles import GroupHandle
 from runner.backends.compute_engine.instances import DOWN
 from runner.backends.compute_engine.requests import base_instance_name, names, slice_requests, target_of
 from runner.backends.deletion import Deletion
+from runner.backends.flows import same_run
 from runner.backends.labels import NameTaken
 from runner.backends.zones import first_with_capacity
-from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted
+from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -69,23 +70,27 @@ class Groups:
         )
         try:
             for what, _, body in slice_requests(plan, zone, name):
-                self._insert(handle, what, body, plan.deadline)
+                self._insert(handle, what, body, plan.deadline, plan.run_id)
             self._wait_ready(handle, plan)
             return handle
         except BaseException:
             self.discard(handle)
             raise
 
-    def _insert(self, handle: GroupHandle, what: str, body: dict[str, Any], deadline: float) -> None:
+    def _insert(self, handle: GroupHandle, what: str, body: dict[str, Any], deadline: float, run_id: str) -> None:
         where = dict(project=handle.project, zone=handle.zone)
         try:
             ref = self.ctx.api.insert(what, body, group=handle.name, **where)
         except AlreadyExists:
             # Ours when a retried request finds what its first try made; anyone else's is never touched: the run's
-            # group (and so its template and policy) gets another name.
-            if not self._ours(self._read(handle, KINDS[what]), handle):
-                raise NameTaken(body["name"], "another run", kind=what) from None
-            return
+            # group (and so its template and policy) gets another name; another try of this run's is never doubled.
+            found = self._read(handle, KINDS[what])
+            if self._ours(found, handle):
+                return
+            marks = labels.from_description(found.description) if found is not None else {}
+            if marks.get(labels.RUN) == run_id:
+                raise same_run(what, body["name"], run_id) from None
+            raise NameTaken(body["name"], "another run", kind=what) from None
         self.ctx.finish(ref, f"create {what} {body['name']}", deadline=deadline, **where)
 
     def _wait_ready(self, handle: GroupHandle, plan: Plan) -> None:
@@ -95,6 +100,12 @@ class Groups:
         t0, last = time.monotonic(), None
         while True:
             members = self.members(handle)
+            if not members and self.get(handle) is None:  # deleted under the wait: it ends now, saying so
+                raise Vanished(
+                    f"instance group {handle.name} was deleted while its VMs were being created: by `runner down`, "
+                    "in the console or by Compute Engine",
+                    hint=f"`gcloud compute operations list --zones={handle.zone}` shows who deleted it",
+                )
             running = sum(1 for m in members if m.instance_status == "RUNNING")
             errors = [e for m in members if m.last_attempt for e in m.last_attempt.errors.errors]
             waiting = self._resize_state(handle) if handle.resize_request else None
@@ -211,6 +222,10 @@ class Groups:
         return MachineState.CREATING, native
 
     # -- delete ---------------------------------------------------------------------------------------------------
+
+    def owns(self, handle: GroupHandle) -> bool:
+        found = self.get(handle)
+        return found is None or handle.nonce is None or self._ours(found, handle)
 
     @staticmethod
     def what(handle: GroupHandle) -> str:

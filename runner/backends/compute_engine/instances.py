@@ -2,9 +2,10 @@
 read for their state, and deleted on their own.
 
 Instance.status maps onto MachineState through one table. Compute Engine has no PREEMPTED status: a preempted Spot
-VM goes STOPPING, then TERMINATED (its termination action here is STOP, so that it stays to be read), and Compute
-Engine records a compute.instances.preempted operation against it. A Spot VM found STOPPING or TERMINATED with such
-an operation since it was created is PREEMPTED: the runner deletes it and creates it again, as for a TPU node.
+VM goes STOPPING, then away by its termination action (DELETE here: at maxRunDuration or a preemption nothing of it
+is left billing, its boot disk included), and Compute Engine records a compute.instances.preempted operation
+against it. A Spot VM found going down with such an operation since it was created is PREEMPTED, and one gone
+without every exit record was taken back: the runner creates it again, as for a TPU node.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from runner.backends.compute_engine.common import GOING, Context
 from runner.backends.compute_engine.handles import InstanceHandle
 from runner.backends.compute_engine.requests import instance_request, target_of
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned, labels_of
+from runner.backends.flows import create_owned, labels_of, owned_or_gone
 from runner.backends.zones import first_with_capacity
-from runner.errors import BackendError, NoCapacity, Preempted
+from runner.errors import BackendError, NoCapacity, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -80,6 +81,7 @@ class Instances:
             name,
             "instance",
             nonce=handle.nonce,
+            run_id=plan.run_id,
             send=lambda: api.insert("instance", instance_request(plan, zone, name), project=project, zone=zone),
             found_labels=lambda: labels_of(self.get(handle)),
             wait=lambda operation: self._ready(handle, operation, plan),
@@ -95,7 +97,7 @@ class Instances:
         in the operation; a flex-start VM waits PENDING (its operation DONE) up to max_wait, then the next zone."""
         target = target_of(plan)
         t0 = time.monotonic()
-        last, done, ended_at = None, operation is None, None
+        last, done, ended_at, seen, missing = None, operation is None, None, False, False
         where = dict(project=handle.project, zone=handle.zone)
         while True:
             if not done and operation is not None:
@@ -104,6 +106,17 @@ class Instances:
                 if op.failure is not None:
                     raise explain(op.failure, f"create instance {handle.name}", **where)
             found = self.get(handle)
+            if found is None and seen and not done and not missing:  # its operation read again, a poll later (stockout)
+                missing = True
+                time.sleep(min(self.ctx.poll_s, 1.0))
+                continue
+            if found is None and seen and not done:  # there, then gone while its insert is still under way
+                raise Vanished(
+                    f"instance {handle.name} was deleted while it was being created: by `runner down`, in the console "
+                    "or by Compute Engine",
+                    hint=f"`gcloud compute operations list --zones={handle.zone}` shows who deleted it",
+                )
+            seen, missing = seen or found is not None, False
             state = str(found.status) if found is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 self.ctx.say(f"instance {handle.name}: {state} ({time.monotonic() - t0:.0f}s)")
@@ -170,6 +183,9 @@ class Instances:
         if status in DOWN and self.preempted(handle, found):
             return MachineState.PREEMPTED, PREEMPTED
         return STATES.get(status, MachineState.UNKNOWN), status
+
+    def owns(self, handle: InstanceHandle) -> bool:
+        return owned_or_gone(labels_of(self.get(handle)), handle.nonce)
 
     @staticmethod
     def what(handle: InstanceHandle) -> str:

@@ -234,3 +234,14 @@ def request_text(plan: Plan) -> tuple[list[str], str]:
         script = script or found
         parts += [f"Request: POST {path}", text]
     return parts, script
+
+
+def machine_metadata(plan: Plan) -> tuple[str, dict[str, str], dict[str, str]]:
+    """What the machine will be called in a message, its metadata and its labels (an instance's, or the slice's
+    template's, which every VM of the group gets), for the platform's limits (runner.plan.limits)."""
+    target = target_of(plan)
+    zone, name = target.zones[0], target.machine_id
+    slice_ = target.topology is not None
+    body = properties(plan, zone, name, template=slice_)
+    items = {item["key"]: item["value"] for item in body["metadata"]["items"]}
+    return (f"instance template {names(name)[0]}" if slice_ else f"instance {name}"), items, dict(body["labels"])

@@ -3,8 +3,10 @@ workload policies made for the groups, zone by zone.
 
 A group's VMs are judged and deleted with their group, never on their own. Its template (global) and workload policy
 (regional) follow it (Found.follows): orphaned with it, deleted after it. They name their group and its zone in their
-description (requests.py), which is how a zone's scan finds them; one whose group is gone is judged by its labels
-alone. STOPPED, TERMINATED and SUSPENDED instances never run the job again: orphaned whatever their run says.
+description (requests.py), which is how a zone's scan finds them; one whose group is gone, or was never made (a
+runner killed between the inserts), is judged like a machine: by its labels and its run's state, from the run
+directory its template names (a run that started no job within the startup grace, or ended, does not use it).
+STOPPED, TERMINATED and SUSPENDED instances never run the job again: orphaned whatever their run says.
 """
 
 from __future__ import annotations
@@ -57,12 +59,20 @@ class ComputeSweep(Sweep):
             if labels.managed(dict(vm.labels)) and not vm.name.startswith(members or ("\0",)):
                 found.append(self._instance(vm, zone))
         policies = self.api.listed("policies", "list", "resource policies", at, project=project, region=region_of(zone))
+        # A template names its run directory (its VMs' metadata); its group's policy is judged by the same one.
+        run_dirs = {
+            labels.from_description(t.description).get(GROUP): _items(t.properties.metadata).get(
+                contract.RUN_DIR_METADATA
+            )
+            for t in templates.values()
+        }
         for kind, resource in [("instance template", t) for t in templates.values()] + [
             ("workload policy", p) for p in policies
         ]:
             marks = labels.from_description(resource.description)
             if labels.managed(marks) and marks.get(GROUP_ZONE) == zone:
-                found.append(self._follower(kind, resource, marks, project, zone))
+                run_dir = run_dirs.get(marks.get(GROUP))
+                found.append(self._follower(kind, resource, marks, project, zone, run_dir))
         return found
 
     @staticmethod
@@ -97,7 +107,9 @@ class ComputeSweep(Sweep):
         )
 
     @staticmethod
-    def _follower(kind: str, resource: Any, marks: dict[str, str], project: str, zone: str) -> Found:
+    def _follower(
+        kind: str, resource: Any, marks: dict[str, str], project: str, zone: str, run_dir: str | None
+    ) -> Found:
         group = f"projects/{project}/zones/{zone}/instanceGroupManagers/{marks.get(GROUP, '')}"
         return Found(
             kind=kind,
@@ -106,7 +118,9 @@ class ComputeSweep(Sweep):
             state="EXISTS",
             labels=marks,
             created_at=timestamp(resource.creation_timestamp),
-            judge=False,  # it runs nothing: orphaned with its group, or by its labels once the group is gone
+            # It runs nothing: orphaned with its group; without one (never made, or gone), by its run's state and
+            # its age, like a machine (a run that never started its job in the startup grace is not using it).
+            run_dir=run_dir,
             follows=group,
         )
 

@@ -134,7 +134,9 @@ def scheduling_of(spec: JobSpec) -> tuple[str, str, str | None]:
     if acc.provisioning == "queued":
         return "FLEX_START", "DELETE", None
     if acc.spot:
-        return "SPOT", "STOP", None  # STOP: a preempted VM stays, TERMINATED, so its state tells the preemption
+        # DELETE: a Spot VM at its maxRunDuration (or preempted) leaves nothing billing, its boot disk included; a
+        # preemption is still told, by its compute.instances.preempted operation while it stops, then as GONE.
+        return "SPOT", "DELETE", None
     if acc.reserved and reservation:
         return "RESERVATION_BOUND", "DELETE", reservation
     return "STANDARD", "DELETE", None

@@ -18,9 +18,10 @@ from runner.timings import Timings
 if TYPE_CHECKING:
     from runner.backends.base import Backend
     from runner.backends.sweep import Sweep
+    from runner.plan.planner import Plan
 
 INFO = BackendInfo(NAME, "Cloud TPU VMs (the Cloud TPU API)")
-__all__ = ["INFO", "findings", "make", "resolve", "sweep"]
+__all__ = ["INFO", "findings", "machine_metadata", "make", "resolve", "sweep"]
 
 
 def make(say: Callable[[str], None], timings: Timings, *, process: bool = False) -> Backend[Any]:
@@ -34,3 +35,10 @@ def sweep(timings: Timings) -> Sweep:
     from runner.backends.tpu_vm.sweeper import TpuVmSweep
 
     return TpuVmSweep(TpuApi(timings=timings))
+
+
+def machine_metadata(plan: Plan) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The machine's name in words, its metadata and its labels, as its create request sends them."""
+    from runner.backends.tpu_vm.requests import machine_metadata as of
+
+    return of(plan)

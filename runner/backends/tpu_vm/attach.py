@@ -78,6 +78,10 @@ class Attached:
         self.ctx.say(f"attached to {node_id}: the bootstrap runs on every worker over ssh (log: {out})")
         return AttachedHandle(target.project, zone, node_id, ssh_pid=proc.pid)
 
+    @staticmethod
+    def owns(handle: AttachedHandle) -> bool:
+        return False  # attached, never created: never deleted
+
     def observe(self, handle: AttachedHandle) -> tuple[MachineState, str | None]:
         node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
         state, native = machine_state(node), None if node is None else str(node.state.name)

@@ -14,13 +14,13 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned, labels_of
+from runner.backends.flows import create_owned, labels_of, owned_or_gone
 from runner.backends.tpu_vm.api import explain
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import NodeHandle
 from runner.backends.tpu_vm.requests import node_request, target_of
 from runner.backends.zones import first_with_capacity
-from runner.errors import BackendError, Preempted
+from runner.errors import BackendError, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -42,6 +42,15 @@ STATES = {
     "HIDDEN": MachineState.UNKNOWN,
     "STATE_UNSPECIFIED": MachineState.UNKNOWN,
 }
+
+
+def vanished(handle: NodeHandle, how: str) -> Vanished:
+    return Vanished(
+        f"TPU node {handle.node_id} was deleted while it was being created ({how}): by `runner down`, in the "
+        "console or by Cloud TPU",
+        hint=f"`runner status RUN` shows the run; `gcloud compute tpus operations list --zone={handle.zone}` who "
+        "deleted it",
+    )
 
 
 def machine_state(node: Any | None) -> MachineState:
@@ -85,6 +94,7 @@ class Nodes:
             node_id,
             "TPU node",
             nonce=handle.nonce,
+            run_id=plan.run_id,
             send=lambda: api.create_node(project, zone, node_id, node_request(plan, zone, node_id)),
             found_labels=lambda: labels_of(api.get_node(project, zone, node_id)),
             wait=lambda operation: self._ready(handle, operation, plan.deadline),
@@ -105,19 +115,35 @@ class Nodes:
         last = None
         done = operation is None
         ended_at: float | None = None
+        seen = missing = False
         while True:
             if not done and operation is not None:
                 op = api.get_operation(operation, project=handle.project, zone=handle.zone)
                 done, ended_at = op.done, op.ended_at
                 if op.failure is not None:
+                    # A create cut short by a delete ends ABORTED (or CANCELLED); a stockout's node is gone too, but
+                    # that is RESOURCE_EXHAUSTED: another zone may have capacity.
+                    gone = api.get_node(handle.project, handle.zone, handle.node_id)
+                    cut = op.failure.code in ("ABORTED", "CANCELLED")
+                    if cut and (gone is None or gone.state.name == "DELETING"):
+                        raise vanished(handle, f"its create operation ended {op.failure.code}")
                     raise explain(
                         op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
                     )
             node = api.get_node(handle.project, handle.zone, handle.node_id)
+            if node is None and seen and not done:  # there, then gone while its create is still under way
+                if missing:  # its operation read again since, and still not ended: deleted, not a stockout
+                    raise vanished(handle, "it is gone before its create operation ended")
+                missing = True  # a stockout also ends the node, with its operation: read that again, a poll later
+                time.sleep(min(self.ctx.poll_s, 1.0))
+                continue
+            seen, missing = seen or node is not None, False
             state = node.state.name if node is not None else ("CREATED" if done else "PENDING")
             if state != last:
                 say(f"node {handle.node_id}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
+            if state == "DELETING":
+                raise vanished(handle, "it is DELETING")
             if state == "READY" or (done and node is None):
                 return ended_at  # created (a job short enough may already have deleted its node: the watch sees it)
             if state in ("PREEMPTED", "TERMINATED"):
@@ -153,6 +179,10 @@ class Nodes:
     def observe(self, handle: NodeHandle) -> tuple[MachineState, str | None]:
         node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
         return machine_state(node), None if node is None else str(node.state.name)
+
+    def owns(self, handle: NodeHandle) -> bool:
+        node = self.ctx.api.get_node(handle.project, handle.zone, handle.node_id)
+        return owned_or_gone(labels_of(node), handle.nonce)
 
     @staticmethod
     def what(handle: NodeHandle) -> str:

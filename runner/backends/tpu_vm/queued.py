@@ -28,13 +28,13 @@ from typing import Any
 from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
-from runner.backends.flows import create_owned
+from runner.backends.flows import create_owned, owned_or_gone
 from runner.backends.labels import NameTaken
 from runner.backends.tpu_vm.api import explain, failure_of_status
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import QueuedHandle
 from runner.backends.tpu_vm.requests import queued_request, slice_nodes, target_of
-from runner.errors import AlreadyExists, BackendError, NoCapacity
+from runner.errors import AlreadyExists, BackendError, NoCapacity, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
 
@@ -145,6 +145,7 @@ class QueuedResources:
             node_id,
             "queued resource",
             nonce=handle.nonce,
+            run_id=plan.run_id,
             send=lambda: self.api.create_queued_resource(
                 target.project, zone, node_id, queued_request(plan, zone, node_id)
             ),
@@ -186,9 +187,14 @@ class QueuedResources:
             elif now - noted >= WAITING_NOTE_S:
                 self.say(f"queued resource {handle.queued_resource}: still {state} ({waited:.0f}s)")
                 noted = now
-            if state in ("ACTIVE", "DELETING") or (qr is None and done):
-                # Up; or deleted by someone else (`runner down` from another shell): the watch sees which.
+            if state == "ACTIVE":
                 return
+            if state == "DELETING" or (qr is None and done):  # deleted under the wait: it ends now, saying so
+                raise Vanished(
+                    f"queued resource {handle.queued_resource} was deleted before it became ACTIVE ({state}): by "
+                    "`runner down`, in the console or by Cloud TPU",
+                    hint=f"`gcloud compute tpus operations list --zone={handle.zone}` shows who deleted it",
+                )
             if qr is not None and state == "FAILED":
                 code, said = failure_reason(qr)
                 raise _Ended(f"FAILED after {waited:.0f}s: {said} ({code})", capacity=code == "RESOURCE_EXHAUSTED")
@@ -225,6 +231,9 @@ class QueuedResources:
     def observe(self, handle: QueuedHandle) -> tuple[MachineState, str | None]:
         qr = self.api.get_queued_resource(handle.name, project=handle.project, zone=handle.zone)
         return queued_state(qr), state_of(qr)
+
+    def owns(self, handle: QueuedHandle) -> bool:
+        return owned_or_gone(self._labels(handle), handle.nonce)
 
     @staticmethod
     def what(handle: QueuedHandle) -> str:

@@ -113,3 +113,11 @@ def request_text(plan: Plan) -> tuple[list[str], str]:
         metadata = body["metadata"]
         path = f"/v2/projects/{target.project}/locations/{zone}/nodes?nodeId={target.machine_id}"
     return [f"Request: POST {path}", shown(body, metadata)], str(metadata["startup-script"])
+
+
+def machine_metadata(plan: Plan) -> tuple[str, dict[str, str], dict[str, str]]:
+    """What the node will be called in a message, its metadata and its labels, as the create sends them (each
+    zone's script differs only by its zone), for the platform's limits (runner.plan.limits)."""
+    target = target_of(plan)
+    node = node_request(plan, target.zones[0])
+    return f"TPU node {target.machine_id}", dict(node["metadata"]), dict(node["labels"])

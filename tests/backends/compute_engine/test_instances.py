@@ -54,13 +54,18 @@ def test_a_stockout_moves_to_the_next_zone(
 def test_a_preempted_spot_vm_is_told_from_its_own_state(backend: ComputeEngineBackend, emulator: TpuEmulator) -> None:
     handle = backend.provision(plan("type: tpu7x-2, zone: us-central1-c, spot: true"), lambda h: None)
     vm = emulator.compute.instance(handle.name)
-    assert vm is not None and vm.json["scheduling"]["instanceTerminationAction"] == "STOP"
+    # DELETE at its deadline or a preemption: nothing of it is left billing (its boot disk goes with it).
+    assert vm is not None and vm.json["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert backend.status(handle) == MachineState.RUNNING
     emulator.compute.preempt(handle.name)
-    state, native = wait_for(lambda: (s := backend.observe(handle))[1] == "TERMINATED (preempted)" and s)
-    assert state == MachineState.PREEMPTED
-    assert backend.state_note(native)  # a follower is told what it means
-    assert backend.teardown(handle, wait_s=20) is True  # a preempted VM is deleted before it is made again
+    # While it stops, its preempted operation tells the preemption; then it is gone (taken back: made again).
+    state, native = wait_for(lambda: (s := backend.observe(handle))[0] != MachineState.RUNNING and s)
+    assert (state, native) in ((MachineState.PREEMPTED, "TERMINATED (preempted)"), (MachineState.GONE, None))
+    if native:
+        assert backend.state_note(native)  # a follower is told what it means
+    wait_for(lambda: backend.status(handle) == MachineState.GONE, "the preempted VM deleted by its action")
+    assert emulator.compute.instance(handle.name) is None
+    assert backend.teardown(handle, wait_s=20) is True
 
 
 def test_a_stopped_vm_is_stopped_not_preempted(backend: ComputeEngineBackend, gce: Clients) -> None:

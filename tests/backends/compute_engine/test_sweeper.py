@@ -70,3 +70,37 @@ def test_a_live_run_is_kept_and_a_terminated_vm_is_not(backend: ComputeEngineBac
     assert found[live.name].unknown
     request = compute_v1.ListInstancesRequest(project=PROJECT, zone="us-central1-c")
     assert len(list(gce.instances.list(request=request))) == 2
+
+
+def test_a_template_and_policy_whose_group_was_never_made_are_judged_by_their_runs_state(
+    gce: Clients, gcs: str
+) -> None:
+    """A runner killed between the slice's inserts: its workload policy and instance template exist, its group
+    never did. They are judged like a machine, by the run directory the template names: kept while the run may
+    still make its group (within the startup grace), orphaned once it started no job in that time."""
+    import json
+    import uuid
+
+    from runner.backends.compute_engine.requests import slice_requests
+    from runner.storage import open_storage
+    from runner.teardown.sweeper import Limits
+    from tests.waiting import wait_for
+
+    run_dir = f"gs://runner-test/{uuid.uuid4().hex[:8]}/runs/ce"
+    open_storage(run_dir).write_bytes("run.json", json.dumps({"num_workers": 2}).encode())
+    p = plan("type: tpu7x-16, zone: us-central1-c", storage=run_dir.removesuffix("/runs/ce"))
+    bodies = {what: body for what, _, body in slice_requests(p, "us-central1-c", p.run_id)}
+    policy = compute_v1.ResourcePolicy.from_json(json.dumps(bodies["policy"]))
+    gce.wait(gce.policies.insert(project=PROJECT, region="us-central1", resource_policy_resource=policy))
+    template = compute_v1.InstanceTemplate.from_json(json.dumps(bodies["template"]))
+    gce.wait(gce.templates.insert(project=PROJECT, instance_template_resource=template))
+
+    def scan(grace_s: float) -> dict[str, object]:
+        limits = Limits(startup_grace_s=grace_s, storage_patience_s=5)
+        sweeper = Sweeper([sweep(QUICK)], PROJECT, ["us-central1-c"], say=lambda s: None, limits=limits)
+        return {left.kind: left.orphaned_because for left in sweeper.scan()}
+
+    assert scan(3600) == {"instance template": None, "workload policy": None}  # young: its group may yet come
+    judged = wait_for(lambda: all(scan(1).values()) and scan(1), "the API's clock past the startup grace")
+    assert set(judged) == {"instance template", "workload policy"}
+    assert all("no job started on it" in str(why) for why in judged.values()), judged
