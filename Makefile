@@ -23,7 +23,7 @@ include mk/image.mk
 include mk/containers.mk
 include mk/kube.mk
 
-.PHONY: help install data browser local-run test test-fast faults bench bench-speedup bench-callbacks cli-bench lint schema clean
+.PHONY: help install data browser local-run test test-fast faults bench bench-speedup bench-callbacks bench-scale cli-bench lint schema clean
 
 help:  ## show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ bench-speedup: data  ## our trainer vs the notebook's plain model.fit at batch 1
 
 bench-callbacks: data  ## the Dense guide's fit with keras_callbacks() vs without, epochs interleaved: ratio and spread
 	$(PY) scripts/bench_callbacks.py $(BENCH_ARGS)
+
+bench-scale: $(STAMP)  ## `runner submit` following 1 to 256 simulated hosts on the emulators: requests, CPU, end->delete
+	$(PY) scripts/bench_scale.py $(BENCH_ARGS)
 
 cli-bench: $(STAMP)  ## cold start of `runner --help` and `runner validate` next to the libraries' import cost
 	$(PY) scripts/bench_cli.py

@@ -36,6 +36,9 @@ class Timings:
     sweep_stale_heartbeat_s: float = 900.0  # `runner gc`: a job whose heartbeat was stored longer ago is gone
     sweep_startup_grace_s: float = 1200.0  # `runner gc`: a node this old with no heartbeat never ran its job
     worker_stale_s: float = 300.0  # a worker whose heartbeat has not changed for this long is lost
+    # A worker's heartbeat changes every 10 s on every host: that it changed is in the listing (liveness); its
+    # content (progress, for hang_timeout) is read again at most this often, once the worker runs.
+    heartbeat_read_every_s: float = 30.0
     # One read or write of a run directory on Cloud Storage retries this long, then it is "unknown" (said, and tried
     # again later): the runner's own deadlines and the API's word on a machine do not wait on storage.
     storage_patience_s: float = 20.0

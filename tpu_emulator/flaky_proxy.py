@@ -19,7 +19,7 @@ belong to. `fail_requests` fails any request, by method and path; `slow_answers`
 Cloud Storage unreachable: a black hole holds every request without an answer (the client waits for its own
 timeout), a reset closes each connection at once; `heal` ends every outage. Everything else is forwarded unchanged,
 Location headers rewritten so that a client stays on the proxy. Every request is recorded (time, method, path,
-object name, bytes sent, status, whether it was injected; status 0 for a request that got no answer).
+object name, bytes sent and received, status, whether it was injected; status 0 for a request that got no answer).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class ProxiedRequest:
     status: int  # 0: no answer (an outage)
     injected: bool
     size: int = 0  # bytes of the request's body: what a client sent to Cloud Storage
+    received: int = 0  # bytes of the answer's body: what a client read from Cloud Storage
 
 
 @dataclass
@@ -429,7 +430,9 @@ class FlakyProxy:
                 if (hold := proxy._latency(self.command, self.path)) > 0:
                     time.sleep(hold)
                 proxy._remember_session(name, up_headers)
-                proxy._record(ProxiedRequest(arrived, self.command, self.path, name, status, False, len(body)))
+                proxy._record(
+                    ProxiedRequest(arrived, self.command, self.path, name, status, False, len(body), len(data))
+                )
                 kept = [
                     (k, proxy._rewrite_location(v) if k.lower() == "location" else v)
                     for k, v in up_headers

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runner.launch import job
-from runner.plan import catalog
+from runner.plan import catalog, storage_ops
 from runner.plan.planner import Plan
 from runner.plan.target import Target
 
@@ -47,6 +47,17 @@ def cost_row(plan: Plan, target: Target) -> tuple[str, str]:
         f"${target.price_per_hour:.2f}/hour; at most ${target.price_per_hour * hours:.2f} for max_runtime {hours:g} h  "
         f"({prices['currency']} list prices per {prices['unit']} read {prices['read_on']})",
     )
+
+
+def storage_rows(target: Target) -> list[tuple[str, str]]:
+    """On a multi-host slice, what following it asks of Cloud Storage (runner.plan.storage_ops), beside its price:
+    every host that runs the job writes its log and heartbeat."""
+    hosts = target.accelerator.hosts * target.slices
+    if hosts < 2:
+        return []
+    writers = hosts if target.trainer_workers == "all" else 1
+    price = target.price_per_hour if target.accelerator.generation.priced else None
+    return [storage_ops.plan_row(writers, price)]
 
 
 def job_rows(plan: Plan) -> list[tuple[str, str]]:

@@ -142,6 +142,23 @@ write_exit() {
     log "did not upload an exit record (one is there already, or Cloud Storage refused it)"
 }
 
+# others_exited: how many of the other workers' exit records the run directory holds, from one listing of exit/ (a
+# page per 1,000 names), never one request per worker; fails when Cloud Storage would not answer.
+others_exited() {
+  local page token="" count=0 url
+  url="${STORAGE_API}/storage/v1/b/${BUCKET}/o?prefix=$(urlencode "${PREFIX:+${PREFIX}/}exit/")"
+  url+="&fields=items(name),nextPageToken"
+  while :; do
+    page="$(curl -sf --retry 5 -H "Authorization: Bearer $(token)" "${url}${token:+&pageToken=$(urlencode "$token")}")" ||
+      return 1
+    count=$((count + $(printf '%s' "$page" | grep -o '"name": *"[^"]*exit/worker-[0-9]*\.json"' |
+      grep -vc "exit/worker-${WORKER}\.json\"\$")))
+    token="$(printf '%s' "$page" | sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' | head -n 1)"
+    [ -n "$token" ] || break
+  done
+  printf '%s' "$count"
+}
+
 # What this VM deletes when its job is over (SELF_DELETE): its Cloud TPU node, its Compute Engine instance, or its
 # slice's managed instance group (whose VMs go with it; the group's template and workload policy bill nothing and
 # cannot go while the group exists: the runner or `runner gc` deletes them).
@@ -155,10 +172,11 @@ self_url() {
 }
 
 # finish CODE: the first host of each slice deletes its node when the policy says so (after every worker of every
-# slice has an exit record). SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node
+# slice has an exit record: one listing says how many the others have, listed again every second while some are
+# missing, up to 10 minutes). SAFETY_STOP (124) is a safety stop (max_runtime, a hang, the runner lost): the node
 # goes even under on_success.
 finish() {
-  local rc="$1" delete="" waited=0 w
+  local rc="$1" delete="" since found others=$((NUM_WORKERS - 1))
   if [ "$HOST" = 0 ]; then
     case "$DELETE_ON_EXIT" in
       always) delete=1 ;;
@@ -166,13 +184,10 @@ finish() {
     esac
   fi
   if [ -n "$delete" ]; then
-    if [ "$JOB_WORKERS" = all ]; then
-      for ((w = 0; w < NUM_WORKERS; w++)); do
-        [ "$w" = "$WORKER" ] && continue
-        while ! exists "exit/worker-${w}.json" && [ "$waited" -lt 600 ]; do
-          sleep 5
-          waited=$((waited + 5))
-        done
+    if [ "$JOB_WORKERS" = all ] && [ "$NUM_WORKERS" -gt 1 ]; then
+      since=$SECONDS
+      while found="$(others_exited)" || found=0; [ "$found" -lt "$others" ] && [ $((SECONDS - since)) -lt 600 ]; do
+        sleep 1
       done
     fi
     event delete_requested "\"exit_code\": ${rc}"

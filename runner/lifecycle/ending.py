@@ -16,6 +16,7 @@ from runner.interrupts import signals_deferred
 from runner.lifecycle import machines
 from runner.plan.planner import Plan
 from runner.storage import Storage
+from runner.storage.parallel import delete_many, list_many
 from runner.watch.events import EventLog
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState
@@ -69,8 +70,8 @@ class Ending:
         # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words (and
         # what cannot be cleared now is older than the next attempt's `since`).
         try:
-            for info in self.storage.list(contract.EXIT_DIR + "/") + self.storage.list(contract.HEARTBEATS_DIR + "/"):
-                self.storage.delete(info.key)
+            listed = list_many(self.storage, [contract.EXIT_DIR + "/", contract.HEARTBEATS_DIR + "/"])
+            delete_many(self.storage, [info.key for found in listed for info in found])
         except StorageError as exc:
             self._storage_failed(exc)
 

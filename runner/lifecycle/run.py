@@ -60,10 +60,11 @@ from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch import runs
 from runner.watch.events import Event, EventLog, read_events
-from runner.watch.follow import Sight, fault, follow, tail_for
+from runner.watch.follow import Sight, fault, follow, say_event, show_new, tail_for
 from runner.watch.rundir import Snapshot, read_snapshot
 from runner.watch.runs import RunRecord
 from runner.watch.state import RunState, derive_state
+from runner.watch.view import RunDirView
 
 _IN_RUN_INFO = ("handle", "machines")  # record fields run.json carries: rewritten when they change
 
@@ -74,14 +75,6 @@ class Outcome:
     state: RunState
     snapshot: Snapshot | None
     detached: bool = False
-
-
-def _show_event(event: Event, say: Callable[[str], None]) -> None:
-    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
-    if event.source.startswith("runner"):
-        return
-    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
-    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
 
 
 class _HandedOver(Exception):
@@ -133,6 +126,8 @@ class Run(Deciding, Ending):
         self.storage_trouble: StorageError | None = None  # the last failed write to the run directory (said once)
         self.events = EventLog(self.storage, "runner", on_error=self._storage_failed)
         self.tail = tail_for(self.storage, plan.num_workers)  # every worker's log, prefixed, on a pod slice
+        # The run directory as read so far: each poll reads only what changed (runner.watch.view).
+        self.view = RunDirView(self.storage, tail=self.tail, events=True, beats_every_s=timings.heartbeat_read_every_s)
         self.seen: set[tuple[float, str, str]] = set()
         if previous is not None:  # what the earlier attempts wrote was shown then
             self.tail.skip_existing()
@@ -249,7 +244,7 @@ class Run(Deciding, Ending):
 
         def on_event(event: Event) -> None:
             dog.on_event(event)
-            _show_event(event, self.say)
+            say_event(event, self.say)
 
         def stop(snapshot: Snapshot) -> bool:
             if self.lease is not None and self.lease.lost.is_set():
@@ -294,9 +289,10 @@ class Run(Deciding, Ending):
         """The run directory once more: the machine is gone, and what it left decides the run's state. While it
         cannot be read that is unknown, so this waits (saying so), up to the run's deadline: a job that finished
         must never be taken for one that was preempted, and run again."""
+        self.view.since = self.since
         while True:
             try:
-                read = read_snapshot(self.storage, with_metrics=False, since=self.since)
+                read = self.view.poll()
                 self.sight.back()
                 return read
             except BucketMissing:
@@ -329,7 +325,7 @@ class Run(Deciding, Ending):
         self.say(f"waiting up to {self.grace_s:.0f}s for the workers to stop at one step and worker 0 to save")
         deadline = time.monotonic() + self.grace_s
         last = self._follow(
-            lambda event: _show_event(event, self.say), lambda snap: chief_exited(snap) or time.monotonic() > deadline
+            lambda event: say_event(event, self.say), lambda snap: chief_exited(snap) or time.monotonic() > deadline
         )
         if chief_exited(last):
             self.say("worker 0 has stopped")
@@ -350,6 +346,8 @@ class Run(Deciding, Ending):
             since=self.since,
             sight=self.sight,
             judge_blind=True,  # the runner's deadlines and the API's word on the machine do not wait for storage
+            view=self.view,
+            last_read=False,  # what the end's poll did not read is read after the verdict's delete (settle)
         )
 
     def settle(self) -> None:
@@ -357,10 +355,11 @@ class Run(Deciding, Ending):
         directory that cannot be read leaves it open: `lost`, saying why (exit records read later overturn it)."""
         unreadable: StorageError | None = None
         try:
-            rest = self.tail.read_new(flush=True)  # what the job wrote while it was being stopped
-            if rest:
-                self.on_output(rest)
-            final = read_snapshot(self.storage, since=self.since)
+            self.view.since = self.since
+            final = self.view.poll(metrics=True, summary=True)
+            self.view.read_streams(flush=True)  # what the job wrote and said as it ended, or while it was stopped
+            # What following did not show: the end's output and events, after the verdict.
+            show_new(self.view, self.seen, lambda event: say_event(event, self.say), self.on_output)
         except StorageError as exc:
             unreadable, final = exc, self.snapshot or Snapshot([], None, [], None)
         if final.exits:

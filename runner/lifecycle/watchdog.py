@@ -152,7 +152,7 @@ class Watchdog:
         self.reason: str | None = None  # why a worker verdict was given, naming the worker
         self._asked_at = float("-inf")
         self._gone = False
-        self._beats: dict[int, tuple[float, float]] = {}  # worker -> (its heartbeat's time, when that was first seen)
+        self._beats: dict[int, tuple[float, float]] = {}  # worker -> (its heartbeat's mark, when that was first seen)
 
     @property
     def booted(self) -> bool:
@@ -189,8 +189,11 @@ class Watchdog:
 
     def _note_heartbeats(self, snapshot: Snapshot, now: float) -> None:
         for worker, beat in self.beats(snapshot).items():
-            if self._beats.get(worker, (None,))[0] != beat.time:
-                self._beats[worker] = (beat.time, now)
+            # A new beat: its object stored again (the listing says when, whether or not it was read again), or,
+            # where the storage did not say, a new time in it.
+            mark = snapshot.heartbeats_at.get(worker, beat.time)
+            if self._beats.get(worker, (None,))[0] != mark:
+                self._beats[worker] = (mark, now)
             self.reported.add(worker)
 
     def machine_gone(self) -> bool:

@@ -22,7 +22,9 @@ class ObjectInfo:
     key: str
     size: int
     updated: float | None = None  # when it was last written, by the storage's own clock (not the writer's)
-    generation: int | None = None  # which write it is: changes with every write (read_versioned, write_if)
+    # Which write it is: changes with every write (read_versioned, write_if; a local listing's from the file's inode,
+    # mtime and size): a reader that kept what it read knows from a listing alone whether to read it again.
+    generation: int | None = None
 
 
 class Storage(Protocol):
@@ -56,9 +58,10 @@ class Storage(Protocol):
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Objects whose key starts with `prefix`, sorted by key: what is there while the listing is read (a job may
-        be writing the run directory meanwhile; an object listed may be gone by the time it is read, which then
-        reads as missing)."""
+        """Objects whose key starts with `prefix`, sorted by key: one request (a page per 1,000 objects) however
+        many there are, which is why readers of many objects list before they read. What is there while the listing
+        is read (a job may be writing the run directory meanwhile; an object listed may be gone by the time it is
+        read, which then reads as missing)."""
         ...
 
     def delete(self, key: str) -> None:

@@ -14,6 +14,7 @@ long, not the library's default minutes.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ DEFAULT_PATIENCE_S = 120.0
 _REQUEST_TIMEOUT_S = 60.0  # the library's own default, per request
 # Where an append's new bytes wait to be composed onto the object (a name no reader lists: see append()).
 _PART_SUFFIX = ".append-part-"
+# What a listing asks of each object: all that ObjectInfo holds, and no more (a full object resource is about 700
+# bytes; a pod slice's run directory lists a thousand of them every few seconds). Every field read below is named.
+_LISTED = "items(name,size,updated,generation),nextPageToken"
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -69,6 +73,7 @@ class GCSStorage:
         self.prefix = prefix.strip("/")
         self._client = client
         self._bucket: Any | None = None
+        self._lock = threading.Lock()
         self.patience_s = patience_s
         self.timeout_s = min(_REQUEST_TIMEOUT_S, max(2.0, patience_s / 2))
 
@@ -84,6 +89,10 @@ class GCSStorage:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _get_bucket(self) -> Any:
+        with self._lock:  # readers in parallel (runner.storage.parallel) share one client
+            return self._bucket_once()
+
+    def _bucket_once(self) -> Any:
         if self._bucket is None:
             if self._client is None:
                 from google.cloud import storage  # type: ignore[attr-defined]

@@ -199,5 +199,7 @@ def _files(directory: Path, base: str, start: str = "") -> list[ObjectInfo]:
                 st = entry.stat()
             except FileNotFoundError:  # replaced or removed since the scan
                 continue
-            out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+            # A write replaces the file (a new inode), an append moves its mtime: either changes this.
+            generation = hash((st.st_ino, st.st_mtime_ns, st.st_size)) & 0x7FFF_FFFF_FFFF_FFFF
+            out.append(ObjectInfo(key, st.st_size, st.st_mtime, generation))
     return out

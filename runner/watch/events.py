@@ -20,6 +20,7 @@ from typing import Any
 from runner import contract
 from runner.errors import StorageError
 from runner.storage import Storage
+from runner.storage.parallel import read_many
 from runner.watch.rundir import parse_jsonl, where
 
 # An event time outside these years is no clock's reading: the line is corrupt (a warning), never a cost or a date.
@@ -116,6 +117,16 @@ def _event(raw: dict[str, Any]) -> Event:
     return Event(float(stamp), str(fields.pop("source")), str(fields.pop("event")), fields)
 
 
+def parse_events(data: bytes, name: str, problems: list[str] | None = None) -> list[Event]:
+    """The events in an events file's bytes (or the new bytes of one: whole lines); `name` names it in `problems`."""
+    return parse_jsonl(data, name, problems, _event)
+
+
+def source_of(key: str) -> str:
+    """The writer of an events file: events/worker-3.jsonl -> worker-3."""
+    return key.removeprefix(contract.EVENTS_DIR + "/").removesuffix(".jsonl")
+
+
 def read_events(storage: Storage, problems: list[str] | None = None, *, one_clock: bool = False) -> list[Event]:
     """Every source's events, merged in time order. A torn last line (its writer died mid-line) is skipped
     silently; other lines that are not events are skipped too, and named in `problems` when it is given, with
@@ -126,10 +137,9 @@ def read_events(storage: Storage, problems: list[str] | None = None, *, one_cloc
     adds an event). A VM's worker and trainer files take their VM's bootstrap file's offset, which is uploaded at
     once (theirs are mirrored a few seconds late). For what is measured across machines: cost, startup, phases."""
     files: dict[str, tuple[list[Event], float | None]] = {}
-    for info in storage.list(contract.EVENTS_DIR + "/"):
-        data = storage.read_bytes(info.key) or b""
-        name = info.key.removeprefix(contract.EVENTS_DIR + "/").removesuffix(".jsonl")
-        files[name] = (parse_jsonl(data, where(storage, info.key), problems, _event), info.updated)
+    listed = storage.list(contract.EVENTS_DIR + "/")
+    for info, data in zip(listed, read_many(storage, [(info.key, 0) for info in listed]), strict=True):
+        files[source_of(info.key)] = (parse_events(data or b"", where(storage, info.key), problems), info.updated)
     offsets = _offsets(files) if one_clock else {}
     out: list[Event] = []
     for name, (events, _) in files.items():

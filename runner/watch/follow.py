@@ -10,15 +10,21 @@ Only a bucket that no longer exists ends it (BucketMissing): nothing the run wri
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from typing import Any
 
 from runner import contract
 from runner.errors import BucketMissing, StorageError
 from runner.storage import Storage
-from runner.watch.events import Event, read_events
-from runner.watch.rundir import Snapshot, read_snapshot
+from runner.storage.parallel import read_many
+from runner.watch.events import Event
+from runner.watch.rundir import Snapshot
+from runner.watch.view import RunDirView
 
 # Between reads of a run directory that cannot be read: doubling from the follow interval up to this.
 MAX_BACKOFF_S = 30.0
@@ -86,11 +92,19 @@ class LogTail:
         sizes = {o.key: o.size for o in self.run_dir.list(contract.LOGS_DIR + "/")}
         self.offset = sizes.get(self.key, 0)
 
-    def read_new(self, *, flush: bool = False) -> bytes:
-        """What was written since the last read (`flush`: for LogTails' sake; a single log is passed on as it is)."""
-        data = self.run_dir.read_bytes(self.key, start=self.offset) or b""
+    def wanted(self, sizes: dict[str, int]) -> list[tuple[str, int]]:
+        """What to read, given the logs' sizes as listed: this log from its offset, if it grew."""
+        return [(self.key, self.offset)] if sizes.get(self.key, 0) > self.offset else []
+
+    def take(self, read: dict[str, bytes | None], *, flush: bool = False) -> bytes:
+        """What was read of this log (a single log is passed on as it is, `flush` or not)."""
+        data = read.get(self.key) or b""
         self.offset += len(data)
         return data
+
+    def read_new(self, *, flush: bool = False) -> bytes:
+        """What was written since the last read: one ranged read."""
+        return self.take({self.key: self.run_dir.read_bytes(self.key, start=self.offset)}, flush=flush)
 
 
 def prefix(worker: int) -> bytes:
@@ -102,22 +116,34 @@ class LogTails:
     back until it is complete (or `flush`), so that the workers' lines never run into each other."""
 
     def __init__(self, run_dir: Storage, workers: int) -> None:
+        self.run_dir = run_dir
         self.tails = [LogTail(run_dir, w) for w in range(workers)]
         self.partial = [b""] * workers
 
     def skip_existing(self) -> None:
+        sizes = {o.key: o.size for o in self.run_dir.list(contract.LOGS_DIR + "/")}
         for tail in self.tails:
-            tail.skip_existing()
+            tail.offset = sizes.get(tail.key, 0)
 
-    def read_new(self, *, flush: bool = False) -> bytes:
+    def wanted(self, sizes: dict[str, int]) -> list[tuple[str, int]]:
+        return [want for tail in self.tails for want in tail.wanted(sizes)]
+
+    def take(self, read: dict[str, bytes | None], *, flush: bool = False) -> bytes:
         out = []
         for worker, tail in enumerate(self.tails):
-            *lines, self.partial[worker] = (self.partial[worker] + tail.read_new()).split(b"\n")
+            *lines, self.partial[worker] = (self.partial[worker] + tail.take(read)).split(b"\n")
             if flush and self.partial[worker]:
                 lines.append(self.partial[worker])
                 self.partial[worker] = b""
             out += [prefix(worker) + line + b"\n" for line in lines]
         return b"".join(out)
+
+    def read_new(self, *, flush: bool = False) -> bytes:
+        """What every log gained: one listing, then the logs that grew, at once, each from its offset."""
+        sizes = {o.key: o.size for o in self.run_dir.list(contract.LOGS_DIR + "/")}
+        wanted = self.wanted(sizes)
+        read = read_many(self.run_dir, wanted)
+        return self.take({key: data for (key, _), data in zip(wanted, read, strict=True)}, flush=flush)
 
 
 def whole_logs(run_dir: Storage, workers: int) -> bytes:
@@ -128,6 +154,10 @@ def whole_logs(run_dir: Storage, workers: int) -> bytes:
 def tail_for(run_dir: Storage, workers: int) -> LogTail | LogTails:
     """What to follow of a run: worker 0's log as it is on one host; every worker's, prefixed, on a slice."""
     return LogTails(run_dir, workers) if workers > 1 else LogTail(run_dir)
+
+
+class _Judged(Exception):
+    """`stop` said so while a poll was still reading."""
 
 
 def follow(
@@ -145,72 +175,140 @@ def follow(
     since: float | None = None,
     sight: Sight | None = None,
     judge_blind: bool = False,
+    view: RunDirView | None = None,
+    last_read: bool = True,
 ) -> Snapshot:
     """Stream `worker`'s log (or what `tail` reads: every worker's, LogTails) until every worker has an exit
     record, `stop(snapshot)` says so, or the machine is gone (then one last read catches what it wrote before it
-    went). Returns the last snapshot. `since`: see read_snapshot.
+    went). Returns the last snapshot. `since`: see read_snapshot. `view`: the run directory as read so far (a
+    caller that follows more than once, and reads the rest itself after: `last_read` False leaves what the end's
+    poll did not read to it, runner.watch.view.RunDirView.drain).
+
+    A poll starts every `interval_s`, or when the last one ends if it took longer; its exit records and heartbeats
+    are judged as soon as they are read, while the logs and events it found new are read beside the next one.
 
     While the run directory cannot be read, `sight` says so and the reads back off; `stop` is asked about the last
     snapshot read only with `judge_blind` (a caller whose judgement rests on more than the run directory: the API,
-    its own deadlines). BucketMissing ends it: the bucket is gone. A read that fails unexpectedly (not a
-    StorageError: a fault of the runner's own reading) is said and tried again at the next poll; UNEXPECTED_IN_A_ROW
-    such failures in a row are raised."""
+    its own deadlines), and then also every `interval_s` while a poll is slow: those never wait on storage.
+    BucketMissing ends it: the bucket is gone. A read that fails unexpectedly (not a StorageError: a fault of the
+    runner's own reading) is said and tried again at the next poll; UNEXPECTED_IN_A_ROW such failures in a row are
+    raised."""
     tail = tail or LogTail(run_dir, worker)
+    view = view or RunDirView(run_dir, tail=tail, events=on_event is not None)
+    view.since = since
     seen = seen_events if seen_events is not None else set()
     sight = sight or Sight(None, interval_s)
     last = Snapshot([], None, [], None)
     unexpected = 0
 
-    def new_events() -> None:
-        if on_event is None:
-            return
-        for event in read_events(run_dir):
-            key = (event.time, event.source, event.event)
-            if key not in seen:
-                seen.add(key)
-                on_event(event)
+    def show() -> None:
+        show_new(view, seen, on_event, on_output)
 
-    while True:
-        try:
-            new_events()
-            chunk = tail.read_new()
-            if chunk:
-                on_output(chunk)
-            snapshot = read_snapshot(run_dir, with_metrics=False, since=since)
-        except BucketMissing:
-            raise
-        except StorageError as exc:
-            wait = sight.lost(exc)
-            if judge_blind and stop is not None and stop(last):
+    def judge_while(future: Future[Any]) -> Any:
+        """The future's result; meanwhile `stop` judges the last snapshot every interval (judge_blind)."""
+        while True:
+            try:
+                return future.result(timeout=interval_s)
+            except FutureTimeout:
+                if judge_blind and stop is not None and stop(last):
+                    raise _Judged from None
+
+    reader = ThreadPoolExecutor(1, thread_name_prefix="follow-poll")
+    streams = ThreadPoolExecutor(1, thread_name_prefix="follow-streams")
+    streaming: Future[None] | None = None
+    try:
+        while True:
+            began = time.monotonic()
+            try:
+                snapshot = judge_while(reader.submit(view.poll))
+                if streaming is not None and streaming.done():
+                    failed, streaming = streaming.exception(), None
+                    # A StorageError: read again next time from where it stopped (this poll could read).
+                    if failed is not None and (isinstance(failed, BucketMissing) or not _storage(failed)):
+                        raise failed
+                if streaming is None:
+                    streaming = streams.submit(view.read_streams)
+            except _Judged:
                 return last
-            time.sleep(wait)
-            continue
-        except Exception as exc:
-            unexpected += 1
-            if unexpected >= UNEXPECTED_IN_A_ROW:
-                raise
-            sight.say(f"warning: reading the run directory failed ({fault(exc)}); reading it again")
-            time.sleep(interval_s)
-            continue
-        unexpected = 0
-        sight.back()
-        last = snapshot
-        done = len(snapshot.exits) >= num_workers or (stop is not None and stop(snapshot))
-        if not done and machine_gone is not None and machine_gone():
-            snapshot = _read_or(last, lambda: read_snapshot(run_dir, with_metrics=False, since=since))
-            done = True
-        if done:
-            try:  # the last of it, if it can be read; what cannot be is still in the run directory
-                new_events()
-                chunk = tail.read_new(flush=True)
-                if chunk:
-                    on_output(chunk)
             except BucketMissing:
                 raise
             except StorageError as exc:
-                sight.say(f"the end of the output could not be read ({exc.message}); `runner logs` shows it later")
-            return snapshot
-        time.sleep(interval_s)
+                wait = sight.lost(exc)
+                if judge_blind and stop is not None and stop(last):
+                    return last
+                time.sleep(wait)
+                continue
+            except Exception as exc:
+                unexpected += 1
+                if unexpected >= UNEXPECTED_IN_A_ROW:
+                    raise
+                sight.say(f"warning: reading the run directory failed ({fault(exc)}); reading it again")
+                time.sleep(interval_s)
+                continue
+            unexpected = 0
+            sight.back()
+            show()
+            last = snapshot
+            done = len(snapshot.exits) >= num_workers or (stop is not None and stop(snapshot))
+            if not done and machine_gone is not None and machine_gone():
+                snapshot = _read_or(last, view.poll)
+                done = True
+            if done:
+                if last_read:
+                    _read_rest(view, streaming, sight)
+                    show()
+                return snapshot
+            rest = interval_s - (time.monotonic() - began)
+            if rest > 0 and streaming is not None:  # until the next poll: what the streams read is shown as it comes
+                with contextlib.suppress(FutureTimeout, StorageError):
+                    streaming.result(timeout=rest)
+                show()
+                time.sleep(max(0.0, interval_s - (time.monotonic() - began)))
+    finally:
+        reader.shutdown(wait=False)
+        streams.shutdown(wait=False)
+
+
+def show_new(
+    view: RunDirView,
+    seen: set[tuple[float, str, str]],
+    on_event: Callable[[Event], None] | None,
+    on_output: Callable[[bytes], None],
+) -> None:
+    """What `view` read and was not shown yet: its events not in `seen` (kept there), then its output."""
+    events, output = view.drain()
+    for event in events:
+        key = (event.time, event.source, event.event)
+        if on_event is not None and key not in seen:
+            seen.add(key)
+            on_event(event)
+    if output:
+        on_output(output)
+
+
+def say_event(event: Event, say: Callable[[str], None]) -> None:
+    """The machine's lifecycle events as they happen (the runner's own are already on screen)."""
+    if event.source.startswith("runner"):
+        return
+    detail = ", ".join(f"{k} {v}" for k, v in event.fields.items() if k in ("exit_code", "state", "image", "host"))
+    say(f"{event.source}: {event.event.replace('_', ' ')}" + (f" ({detail})" if detail else ""))
+
+
+def _storage(exc: BaseException) -> bool:
+    return isinstance(exc, StorageError)
+
+
+def _read_rest(view: RunDirView, streaming: Future[None] | None, sight: Sight) -> None:
+    """The last of the logs and events, if they can be read; what cannot be is still in the run directory."""
+    try:
+        if streaming is not None:
+            streaming.result()
+        view.poll()
+        view.read_streams(flush=True)
+    except BucketMissing:
+        raise
+    except StorageError as exc:
+        sight.say(f"the end of the output could not be read ({exc.message}); `runner logs` shows it later")
 
 
 def _read_or(fallback: Snapshot, read: Callable[[], Snapshot]) -> Snapshot:

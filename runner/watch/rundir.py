@@ -28,8 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runner import contract
-from runner.storage import ObjectInfo, Storage
+from runner.storage import Storage
 from runner.watch.state import RunState
 
 T = TypeVar("T")
@@ -299,6 +298,9 @@ class Snapshot:
     progress: Progress | None = None
     heartbeats: dict[int, Heartbeat] = field(default_factory=dict)  # worker -> its own heartbeat
     heartbeat_at: float | None = None  # when the heartbeat was stored, by the storage's clock (not the VM's)
+    # When each worker's heartbeat was stored, by the storage's clock: it changes with every beat, whether or not
+    # the reader read the beat again (runner.watch.view reads a heartbeat's content only as often as it must).
+    heartbeats_at: dict[int, float] = field(default_factory=dict)
 
     @property
     def heartbeat_age_s(self) -> float | None:
@@ -323,20 +325,25 @@ def loads(data: bytes) -> Any:
 
 def read_record(storage: Storage, key: str, record: Callable[[Any], T], problems: list[str]) -> T | None:
     """The record stored at `key`; None when it is missing, or corrupt (then named in `problems`)."""
-    data = storage.read_bytes(key)
+    return parse_record(storage.read_bytes(key), where(storage, key), record, problems)
+
+
+def parse_record(data: bytes | None, name: str, record: Callable[[Any], T], problems: list[str]) -> T | None:
+    """The record in `data` (the object `name`, as read); None when it is missing, or corrupt (then named in
+    `problems`)."""
     if data is None:
         return None
     try:
         value = loads(data)
     except ValueError as exc:
-        problems.append(f"{where(storage, key)} is corrupt: not JSON ({exc})")
+        problems.append(f"{name} is corrupt: not JSON ({exc})")
         return None
     try:
         return record(value)
     except KeyError as exc:
-        problems.append(f"{where(storage, key)} is corrupt: {exc} is missing")
+        problems.append(f"{name} is corrupt: {exc} is missing")
     except (TypeError, ValueError, OverflowError) as exc:
-        problems.append(f"{where(storage, key)} is corrupt: {exc}")
+        problems.append(f"{name} is corrupt: {exc}")
     return None
 
 
@@ -376,47 +383,13 @@ def parse_jsonl(data: bytes, name: str, problems: list[str] | None, convert: Cal
 
 def read_snapshot(run_dir: Storage, *, with_metrics: bool = True, since: float | None = None) -> Snapshot:
     """Everything the run directory says now. Never fails on what a file holds: a corrupt file is left out and
-    named in `problems` (a storage that cannot be read at all still raises StorageError).
+    named in `problems` (a storage that cannot be read at all still raises StorageError). Its records are read at
+    once (runner.watch.view), a pod slice's hundreds of them too.
 
     `since` (the storage's own time when the current attempt's machine was asked for) leaves out exit records and
     heartbeats stored before it: a machine replaced after a preemption can still land its last uploads after the
     runner cleared them, and its `cancelled` must not end the next attempt. It is compared with each object's
     `updated`, the storage's clock, never with a time the machine wrote: a VM's clock can be far off."""
-    problems: list[str] = []
+    from runner.watch.view import RunDirView  # it builds on the records above
 
-    def current(info: ObjectInfo) -> bool:
-        return since is None or info.updated is None or info.updated >= since
-
-    exits = [
-        found
-        for info in run_dir.list(contract.EXIT_DIR + "/")
-        if current(info) and (found := read_record(run_dir, info.key, ExitRecord.from_json, problems)) is not None
-    ]
-    metrics: list[dict[str, Any]] = []
-    if with_metrics:
-        data = run_dir.read_bytes(contract.METRICS) or b""
-        metrics = parse_jsonl(data, where(run_dir, contract.METRICS), problems, lambda raw: raw)
-    beat: Heartbeat | None = None
-    beat_at: float | None = None
-    beats: dict[int, Heartbeat] = {}
-    for info in run_dir.list(contract.HEARTBEAT):  # `heartbeat` and heartbeats/worker-N.json, in one listing
-        if not current(info):
-            continue
-        if info.key == contract.HEARTBEAT:
-            beat, beat_at = read_record(run_dir, info.key, Heartbeat.from_json, problems), info.updated
-            continue
-        worker = info.key.removeprefix(contract.HEARTBEATS_DIR + "/worker-").removesuffix(".json")
-        if worker.isdigit() and info.key == contract.heartbeat_key(int(worker)):  # the file names the worker
-            found_beat = read_record(run_dir, info.key, Heartbeat.from_json, problems)
-            if found_beat is not None:
-                beats[int(worker)] = found_beat
-    return Snapshot(
-        sorted(exits, key=lambda e: e.worker),
-        beat,
-        metrics,
-        read_record(run_dir, contract.SUMMARY, Summary.from_json, problems),
-        problems,
-        beat.progress if beat else None,
-        beats,
-        beat_at if beat is not None else None,
-    )
+    return RunDirView(run_dir, since=since).poll(metrics=with_metrics, summary=True)

@@ -44,6 +44,11 @@ FAKE_CURL = """#!/bin/bash
 printf '%s\\n' "$*" >> "$FAKE_LOG/curl.log"
 url="${@: -1}"
 case "$url" in
+  *o\\?prefix=*exit%2F*)  # a listing of exit/: the pages the test left in listing-<listing>-<page>.json
+    n=$(cat "$FAKE_LOG/listings" 2>/dev/null || echo 0)
+    [[ "$url" == *pageToken=* ]] || echo $((n + 1)) >"$FAKE_LOG/listings"
+    n=$(cat "$FAKE_LOG/listings"); page=1; [[ "$url" == *pageToken=p2* ]] && page=2
+    cat "$FAKE_LOG/listing-$n-$page.json" 2>/dev/null || exit 22 ;;
   *agent-worker-number) echo 0 ;;
   *service-accounts/default/token) echo '{"access_token": "tok", "expires_in": 3599}' ;;
   *uploadType=media*)
@@ -254,6 +259,43 @@ def test_events_keep_their_time_when_the_shutdown_signal_reaches_every_process_o
     events = [json.loads(line) for line in lines.splitlines()]  # every line JSON: no `"time": ,`
     assert all(isinstance(e["time"], int | float) for e in events), events
     assert events[-1]["event"] == "container_exited"
+
+
+def test_the_first_host_sees_every_worker_s_exit_record_in_one_listing(tmp_path: Path) -> None:
+    """Before it deletes its slice, host 0 waits for every other worker's exit record: one listing of exit/ (its
+    pages followed) says how many there are, listed again a second later while some are missing; never one request
+    per worker, never a fixed wait per missing one."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "slice",
+            "image": IMAGE,
+            "command": ["python", "train.py"],  # every worker runs it
+            "storage": "gs://my-bucket/p",
+            "accelerator": {"type": "v2-32", "zone": "us-central1-a", "project": "my-project"},
+        }
+    )
+    plan = plan_cloud(spec, None, environ={})
+    script = render(plan, "us-central1-a")
+    env, log = harness(tmp_path, "#!/bin/bash\nexit 0\n")
+    prefix = f"p/runs/{plan.run_id}/exit/worker-"
+
+    def page(*workers: int, token: str | None = None, pretty: bool = False) -> str:
+        body = {"items": [{"name": f"{prefix}{w}.json"} for w in workers]} | ({"nextPageToken": token} if token else {})
+        return json.dumps(body, indent=1 if pretty else None)
+
+    (log / "listing-1-1.json").write_text(page(0, 1, token="p2", pretty=True))  # Cloud Storage's own layout
+    (log / "listing-1-2.json").write_text(page(2))
+    (log / "listing-2-1.json").write_text(page(0, 1, token="p2"))
+    (log / "listing-2-2.json").write_text(page(2, 3))
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    calls = (log / "curl.log").read_text().splitlines()
+    listings = [i for i, call in enumerate(calls) if "?prefix=" in call and "exit%2F" in call]
+    assert len(listings) == 4 and (log / "listings").read_text().strip() == "2"  # two listings of two pages
+    assert all("fields=items(name),nextPageToken" in calls[i] for i in listings)
+    (delete,) = [i for i, call in enumerate(calls) if "-X DELETE" in call]
+    assert delete > listings[-1]
+    assert not [call for call in calls if "exit%2Fworker-1.json" in call or "exit%2Fworker-3.json" in call]
 
 
 NOTICE_CURL = FAKE_CURL.replace(

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,16 @@ from typer.testing import CliRunner
 
 from runner import contract
 from runner.cli import app
+from runner.watch.view import RunDirView
 from tests.cli.test_cli import write_job
 from tests.waiting import wait_for
+
+
+def _following() -> bool:
+    """Whether this is the follow loop's own poll (runner.watch.follow reads in a thread of this name), not the
+    run's last read after it."""
+    return threading.current_thread().name.startswith("follow-poll")
+
 
 RUNNER = [sys.executable, "-m", "runner.cli"]
 # Until the file named by its argument appears: make N.tmp/a/b/c, rename it to N, delete N-2; say every 50th round.
@@ -109,18 +118,16 @@ def test_an_unexpected_read_failure_is_said_and_following_goes_on(
 ) -> None:
     """One read that fails with what no storage raises (a fault of the runner's reading): said, read again, and
     the run followed to its end."""
-    from runner.watch import follow
-
-    real = follow.read_snapshot
+    real = RunDirView.poll
     failures: list[int] = []
 
-    def flaky(*args: object, **kwargs: object) -> object:
-        if not failures:
+    def flaky(self: RunDirView, **kwargs: bool) -> object:
+        if not failures and _following():
             failures.append(1)
             raise FileNotFoundError(2, "No such file or directory", "checkpoints/32")
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return real(self, **kwargs)
 
-    monkeypatch.setattr(follow, "read_snapshot", flaky)
+    monkeypatch.setattr(RunDirView, "poll", flaky)
     monkeypatch.chdir(tmp_path)
     job = write_job(
         tmp_path,
@@ -144,13 +151,15 @@ def test_an_unexpected_read_failure_is_said_and_following_goes_on(
 def test_a_runner_that_fails_while_following_leaves_the_job_running_and_says_how_to_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runner.watch import follow
+    real = RunDirView.poll
 
-    def broken(*_args: object, **_kwargs: object) -> object:
-        raise KeyError("a reader's bug")
+    def broken(self: RunDirView, **kwargs: bool) -> object:
+        if _following():
+            raise KeyError("a reader's bug")
+        return real(self, **kwargs)
 
     job, stop = churn_job(tmp_path)
-    monkeypatch.setattr(follow, "read_snapshot", broken)
+    monkeypatch.setattr(RunDirView, "poll", broken)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["submit", str(job), "--local", "--process"], catch_exceptions=False)
     run_dir = run_dir_of(tmp_path / "store")

@@ -3,6 +3,8 @@ measured through a proxy that counts every byte sent, against a real Cloud Stora
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +52,23 @@ def test_each_push_sends_only_the_new_bytes_and_readers_see_the_whole_log(proxy:
         assert store.read_bytes(LOG, start=len(written) - len(chunk)) == chunk
     assert store.read_bytes(LOG) == written
     assert len(written) <= sent(proxy) <= 1.05 * len(written)  # the multipart envelopes on top, nothing more
+
+
+def test_a_push_with_nothing_new_sends_nothing(proxy: FlakyProxy, tmp_path: Path) -> None:
+    """No upload and no compose when the log gained nothing, even when its file was touched."""
+    store = open_storage(f"gs://runner-test/{uuid.uuid4().hex}/runs/r")
+    mirror = Mirror(tmp_path / "out", store)
+    log = tmp_path / "out" / LOG
+    write(log, b"one line\n")
+    mirror.push()
+    write(log, b"a second\n")
+    mirror.push()
+    before = len(proxy.requests)
+    mirror.push()
+    os.utime(log, (time.time() + 5, time.time() + 5))  # its mtime moved, its bytes did not
+    mirror.push()
+    assert proxy.requests[before:] == []
+    assert store.read_bytes(LOG) == b"one line\na second\n"
 
 
 def test_a_restarted_worker_appends_to_the_log_it_pulled(proxy: FlakyProxy, tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ class ComputeEngineBackend(ByKind[ComputeHandle]):
         ]
         if target.price_per_hour:
             rows.append(describe.cost_row(plan, target))
+        rows += describe.storage_rows(target)
         rows += [
             ("provisioning", f"{target.provisioning_model} ({provisioning})"),
             ("cloud deadline", f"maxRunDuration {target.max_run_duration_s}s, then {target.termination_action}"),

@@ -100,6 +100,7 @@ class TpuVmBackend(ByKind[TpuHandle]):
         ]
         if not target.attach:
             rows.append(describe.cost_row(plan, target))
+        rows += describe.storage_rows(target)
         if target.provisioning == "queued":
             tier = "guaranteed: {}"
             if acc.spot or acc.reserved:
