@@ -79,6 +79,23 @@ def test_points_come_about_once_a_second_from_the_mean_step_time() -> None:
     assert agreement.every == MAX_EVERY
 
 
+def test_the_aim_between_points_follows_the_job_s_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$RUNNER_AGREE_S (runner.timings' job_agree_s, through the plan's job environment) sets the aim; a value that
+    is not a positive number leaves the default."""
+    from runner.timings import Timings
+
+    assert Timings.from_env({"RUNNER_TIMINGS": "job_agree_s=0.05"}).job_env() == {contract.AGREE_S: "0.05"}
+    assert contract.AGREE_S not in Timings().job_env()
+    for raw, aim in (("0.05", 0.05), ("nonsense", TARGET_S), ("-1", TARGET_S)):
+        monkeypatch.setenv(contract.AGREE_S, raw)
+        clock = Clock()
+        agreement = Agreement(lambda mine: mine, 1, clock)
+        clock.now += 0.01
+        assert agreement.step()
+        agreement.decide(Signal(), False, mid_epoch=True)
+        assert agreement.every == pytest.approx(aim / 0.01, abs=1)
+
+
 def test_threads_as_processes_stop_at_the_same_step_whichever_is_signalled() -> None:
     """Two processes in lockstep (a barrier per step, as a training step's collective makes them), a signal reaching
     process 1 alone at step 37: both stop, at the same step, soon after."""
