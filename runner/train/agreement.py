@@ -40,12 +40,11 @@ class Agreement:
         reduce_sum: Callable[[list[int]], list[int]],
         processes: int,
         clock: Callable[[], float] = time.monotonic,
-        target_s: float | None = None,
     ) -> None:
         self.reduce_sum, self.processes, self.clock = reduce_sum, processes, clock
         # $RUNNER_AGREE_S (runner.timings' job_agree_s): a rehearsal whose epochs last about a second sets it lower,
         # so that a stop in an epoch's first half is agreed within that epoch
-        self.target_s = contract.cadence(contract.AGREE_S) if target_s is None else target_s
+        self.target_s = contract.cadence(contract.AGREE_S)
         self.every = 1  # steps between mid-epoch points; the first point comes after the first step
         self._since = 0
         self._last = clock()

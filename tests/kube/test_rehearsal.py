@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.containers import GROUP as CONTAINERS_GROUP
 from tests.kubecluster import GROUP, jobset_manifest
 from tests.waiting import wait_for
 from tpu_emulator.kube.cluster import JOBSET_CRD
@@ -287,6 +288,10 @@ def test_a_node_taken_away_fails_its_pod_and_restarts_the_jobset(
         kube.remove_nodes(*(n.name for n in nodes))
 
 
+# With the tests that build and run images (xdist group "containers"), not beside them: a `podman run` waits on
+# Podman's storage lock while another worker's build commits gigabytes of layers, and the pod stayed Running for
+# minutes (twice in CI-like runs). Its own rehearsal starts on that worker.
+@CONTAINERS_GROUP
 def test_a_pod_runs_in_a_real_container(
     kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str, container_engine: Any
 ) -> None:
