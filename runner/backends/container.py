@@ -221,20 +221,41 @@ def _command_line(pid: int) -> str:
 
 def stop_marked(variable: str, value: str, grace_s: float) -> list[str]:
     """SIGTERM every process still carrying `variable`=`value`, SIGKILL what is left after grace_s; returns what
-    there was ("PID: command line"), for the caller to say."""
-    pids = marked_pids(variable, value)
-    stopped = [f"{pid}: {_command_line(pid)[:80]}" for pid in pids]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pids = [pid for pid in pids if process_alive(pid)]
+    there was ("PID: command line"), for the caller to say. A process may fork between a listing and its signal
+    (setsid(1) forks before it runs its program), so each is frozen (SIGSTOP) as it is found and the listing is
+    read again until it shows no new one: a frozen process forks nothing. What a stopping process starts in its
+    handler is found by the next round."""
+    said: dict[int, str] = {}
+    for _ in range(_STOP_ROUNDS):
+        pids = _freeze_marked(variable, value, said)
         if not pids:
             break
-    return stopped
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    os.kill(pid, signal.SIGCONT)
+            deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pids = [pid for pid in pids if process_alive(pid)]
+            if not pids:
+                break
+    return [f"{pid}: {line}" for pid, line in said.items()]
+
+
+_STOP_ROUNDS = 5
+
+
+def _freeze_marked(variable: str, value: str, said: dict[int, str]) -> list[int]:
+    frozen: list[int] = []
+    while new := [pid for pid in marked_pids(variable, value) if pid not in frozen]:
+        for pid in new:
+            said.setdefault(pid, _command_line(pid)[:80])
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen += new
+    return frozen
 
 
 def stop_container(mode: Mode, name: str, grace_s: float) -> None:
