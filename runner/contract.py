@@ -159,6 +159,9 @@ def cluster(environ: dict[str, str] | None = None) -> Cluster | None:
     return Cluster(coordinator, int(env.get(NUM_WORKERS) or 1), int(env.get(WORKER_ID) or 0))
 
 
+NO_RUN_ID = "local"  # the run id a job reads when no runner started it (RUNNER_RUN_ID unset)
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a job sees of the contract, read from its environment. User code: `JobContext.from_env()`."""
@@ -201,7 +204,7 @@ class JobContext:
         env = os.environ if environ is None else environ
         output = env.get(OUTPUT_DIR) or env.get(RUN_DIR) or "."
         return cls(
-            run_id=env.get(RUN_ID, "local"),
+            run_id=env.get(RUN_ID, NO_RUN_ID),
             run_dir=env.get(RUN_DIR, output),
             output_dir=Path(output),
             worker_id=int(env.get(WORKER_ID, "0")),

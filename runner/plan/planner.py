@@ -64,7 +64,7 @@ class Plan:
     spec: JobSpec
     spec_path: str | None
     run_id: str
-    backend: str  # the registry's name of the backend (runner.backends): "local", "tpu-vm", "compute-engine"
+    backend: str  # the registry's name of the backend (runner.backends)
     storage_url: str  # gs://bucket/prefix or an absolute path
     run_dir: str  # <storage_url>/runs/<run_id>
     env: dict[str, str] = field(default_factory=dict)  # the job's environment, the same on every backend
@@ -260,6 +260,7 @@ def plan_local(
     spec: JobSpec,
     spec_path: str | None,
     *,
+    backend: str,
     storage: str | None = None,
     strategy: str = "auto",
     workers: int = 1,
@@ -268,7 +269,8 @@ def plan_local(
 ) -> Plan:
     """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
     the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
-    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with.
+    backend gives each its worker id and the addresses of the others). `backend`: the registry's name of this
+    machine's backend (runner.backends.plan_local passes it). `continued`: the run to go on with.
     `timings`: the runner's, whose job cadences the job gets."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
@@ -295,7 +297,7 @@ def plan_local(
         spec,
         spec_path,
         run_id,
-        "local",
+        backend,
         storage_url,
         run_dir,
         env,

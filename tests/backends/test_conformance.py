@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from runner.backends import plan_cloud
+from runner.backends import plan_cloud, plan_local
 from runner.backends.base import Backend, MachineState
 from runner.backends.local.backend import LocalBackend
 from runner.backends.tpu_vm.backend import TpuVmBackend
 from runner.errors import StorageError
-from runner.plan.planner import Plan, plan_local
+from runner.plan.planner import Plan
 from runner.spec.loader import load_spec_text
 from runner.storage import open_storage
 from runner.timings import Timings
