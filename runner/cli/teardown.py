@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -50,19 +51,20 @@ def gc(
     Without --zone it sweeps the zones of this machine's runs and every zone of the catalog. Each orphan is tried
     even when another fails, and every zone even when another cannot be listed; the exit code is 5 if a zone was
     skipped, a resource could not be judged, or a deletion failed."""
+    from runner.backends.sweep import ZONE
     from runner.errors import BackendError
     from runner.teardown.sweeper import sweeper_for
 
-    sweeper = sweeper_for(project, zone, all_zones=all_zones, say=say)
-    zones = sweeper.zones
+    sweeper = sweeper_for(project, {ZONE: zone} if zone else None, everywhere=all_zones, say=say)
+    listed = sweeper.swept
     found = sweeper.scan()
-    where = ", ".join(sorted(zones)) if len(zones) <= 4 else f"{len(zones)} zones"
+    where = ", ".join(listed) if len(listed) <= 4 else _count(listed, sweeper.kind_of)
     for skipped, why in sorted(sweeper.skipped.items()):
         say(f"could not list {skipped}: {why}; skipped it, swept the others")
     rows = [
         (
             f"{f.kind} {f.short_name}",
-            f"{f.zone}  {f.state}  run {f.run_id or '?'}  "
+            f"{f.location}  {f.state}  run {f.run_id or '?'}  "
             + (f"{f.age_s / 3600:.1f} h old  " if f.age_s is not None else "")
             + (
                 f"ORPHANED: {f.orphaned_because}"
@@ -83,7 +85,7 @@ def gc(
     if dry_run and orphans:
         say(f"{len(orphans)} orphaned; run without --dry-run to delete them")
     for swept in results:
-        what = f"{swept.leftover.kind} {swept.leftover.short_name} in {swept.leftover.zone}"
+        what = f"{swept.leftover.kind} {swept.leftover.short_name} in {swept.leftover.location}"
         if swept.outcome == "failed":
             say(f"could not delete {what}: {swept.error}")
         elif swept.outcome == "delete requested":
@@ -94,7 +96,8 @@ def gc(
     unjudged = [f for f in found if f.unknown]
     problems = [f"{len(failed)} of {len(results)} deletion(s) failed"] if failed else []
     if sweeper.skipped:
-        problems.append(f"{len(sweeper.skipped)} zone(s) could not be listed ({', '.join(sorted(sweeper.skipped))})")
+        unlisted = sorted(sweeper.skipped)
+        problems.append(f"{_count(unlisted, sweeper.kind_of, '(s)')} could not be listed ({', '.join(unlisted)})")
     if unjudged:
         problems.append(f"{len(unjudged)} resource(s) could not be judged (their run directories cannot be read)")
     if problems:
@@ -102,3 +105,12 @@ def gc(
             "; ".join(problems),
             hint="each is listed above with its reason; fix the cause (often a permission) and run `runner gc` again",
         )
+
+
+def _count(locations: list[str], kind_of: Callable[[str], str], suffix: str | None = None) -> str:
+    """'12 zones', '3 clusters, 1 zone' (or with `suffix`, '1 zone(s)'): how many locations of each kind."""
+    kinds: dict[str, int] = {}
+    for location in locations:
+        kinds[kind_of(location)] = kinds.get(kind_of(location), 0) + 1
+    plural = (lambda n: suffix) if suffix is not None else (lambda n: "" if n == 1 else "s")
+    return ", ".join(f"{n} {kind}{plural(n)}" for kind, n in kinds.items())

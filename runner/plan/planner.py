@@ -64,7 +64,7 @@ class Plan:
     spec: JobSpec
     spec_path: str | None
     run_id: str
-    backend: str  # the registry's name of the backend (runner.backends): "local", "tpu-vm", "compute-engine"
+    backend: str  # the registry's name of the backend (runner.backends)
     storage_url: str  # gs://bucket/prefix or an absolute path
     run_dir: str  # <storage_url>/runs/<run_id>
     env: dict[str, str] = field(default_factory=dict)  # the job's environment, the same on every backend
@@ -260,6 +260,7 @@ def plan_local(
     spec: JobSpec,
     spec_path: str | None,
     *,
+    backend: str,
     storage: str | None = None,
     strategy: str = "auto",
     workers: int = 1,
@@ -268,7 +269,8 @@ def plan_local(
 ) -> Plan:
     """A run on this machine: the same container (or its entrypoint as a process), CPU or GPU. `workers` above 1 is
     the multi-worker rehearsal: that many worker processes on the CPU, as the hosts of a pod slice (the local
-    backend gives each its worker id and the addresses of the others). `continued`: the run to go on with.
+    backend gives each its worker id and the addresses of the others). `backend`: the registry's name of this
+    machine's backend (runner.backends.plan_local passes it). `continued`: the run to go on with.
     `timings`: the runner's, whose job cadences the job gets."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
@@ -295,7 +297,7 @@ def plan_local(
         spec,
         spec_path,
         run_id,
-        "local",
+        backend,
         storage_url,
         run_dir,
         env,
@@ -423,15 +425,12 @@ def plan_cloud(
     workers = target.hosts * target.slices if target.trainer_workers == "all" else 1
     deadline = now + spec.teardown.max_runtime
     env = job_env(spec, run_id, run_dir, strategy="auto", deadline=deadline, num_workers=workers, timings=timings)
-    if target.slices == 1:  # a multislice's VMs name their own node (the bootstrap adds it)
-        env[contract.TPU_NAME] = target.machine_id if target.accelerator.multi_host else "local"
+    env.update(target.job_env(spec))  # what the backend's machines add (a TPU VM's TPU name, ...)
     # The same contract on every backend: the data-set cache is a directory of the container's own on a VM, filled
     # from this machine's cache, which the run copies beside its run directory once (lifecycle: share_data).
     env[contract.DATA_DIR] = CLOUD_DATA_DIR
     if datasets.mnist_path(fetch=False) is not None:
         env[contract.DATA_URL] = f"{storage_url}/{DATASETS_DIR}"
-    if target.trainer_workers == "0":
-        env["TPU_LOAD_LIBRARY"] = "0"  # worker 0 drives the slice through the TPU runtime, as Google's TF pod CI does
     if spec.training is not None and spec.training.framework == "tensorflow" and spec.training.keras == "auto":
         env[contract.LEGACY_KERAS] = "1"  # keras-team/keras#19448: Keras 3 under TPUStrategy fails on TPU VMs
     no_secrets: tuple[PlannedSecret, ...] = ()

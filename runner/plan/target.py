@@ -46,7 +46,7 @@ class Problems(list[PlanError]):
 
 @dataclass(frozen=True)
 class Target:
-    backend: str  # the registry's name of the backend that creates it ("tpu-vm", "compute-engine")
+    backend: str  # the registry's name of the backend that creates it
     project: str
     zones: tuple[str, ...]  # in the order to try
     accelerator: catalog.AcceleratorType
@@ -60,9 +60,15 @@ class Target:
 
     @property
     def self_delete(self) -> str:
-        """What the VM's bootstrap deletes when its job is over (the startup script's SELF_DELETE): a Cloud TPU node
-        here; a backend whose machines are something else says what."""
-        return "tpu-node"
+        """What the VM's bootstrap deletes when its job is over (the startup script's SELF_DELETE): each backend whose
+        machines run the runner's startup script says what (a Cloud TPU node, an instance, a group); nothing here."""
+        return ""
+
+    def job_env(self, spec: JobSpec) -> dict[str, str]:
+        """The variables this backend's machines add to the job's environment, beyond the contract every backend
+        shares (runner.plan.planner.job_env, which sets them first; these win over the spec's `env:`): a TPU VM's
+        own (its TPU's name, the TPU runtime's library). `spec` is the run's, its budget applied. None here."""
+        return {}
 
     @property
     def hosts(self) -> int:

@@ -9,8 +9,9 @@ ever touches resources labelled managed-by=tpu-runner, tries every one even when
 deletion already under way, and deletes what follows another (an instance group's template and workload policy)
 only after it.
 
-It sweeps everything it can: a zone that cannot be listed (a zone the project may not use, a 500) is reported with
-the API's reason and skipped, and the other zones are swept. Liveness never compares two machines' clocks: a job's
+It sweeps everything it can, location by location (each backend's own: zones for the VM backends): one that cannot
+be listed (a zone the project may not use, a 500) is reported with the API's reason and skipped, and the others are
+swept. Liveness never compares two machines' clocks: a job's
 heartbeat is judged by when Cloud Storage stored it against the API's own time (the Date of its answers), a
 resource's age by its creation time against the same; a run directory that cannot be read is no evidence either
 way (kept, and said), while one whose bucket no longer exists is (nothing the job writes can be kept).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from runner import contract
@@ -53,8 +54,8 @@ class Leftover:
         return self.found.short_name
 
     @property
-    def zone(self) -> str:
-        return self.found.zone
+    def location(self) -> str:
+        return self.found.location
 
     @property
     def state(self) -> str:
@@ -158,30 +159,42 @@ class Sweeper:
         self,
         sweeps: list[Sweep],
         project: str,
-        zones: list[str],
+        locations: Mapping[str, Iterable[str]],
         *,
         say: Callable[[str], None] = print,
         ended_runs: dict[str, str] | None = None,
         poll_s: float = 2.0,
         limits: Limits = Limits(),
     ) -> None:
-        self.sweeps, self.project, self.zones, self.say = sweeps, project, zones, say
+        """`locations`: by location kind (runner.backends.sweep.Sweep.location_kind), where each sweep of that kind
+        lists; a kind that is not there is not swept."""
+        self.sweeps, self.project, self.say = sweeps, project, say
+        self.locations = {kind: sorted(set(where)) for kind, where in locations.items()}
         self.ended_runs = ended_runs or {}  # run id -> terminal state, from this machine's run records
         self.poll_s = poll_s
         self.limits = limits
-        self.skipped: dict[str, str] = {}  # zone -> why it could not be swept (the API's reason)
+        self.skipped: dict[str, str] = {}  # location -> why it could not be swept (the API's reason)
         self._by_backend = {sweep.backend: sweep for sweep in sweeps}
 
+    @property
+    def swept(self) -> list[str]:
+        """Every location it lists, of every kind."""
+        return sorted({where for kinds in self.locations.values() for where in kinds})
+
+    def kind_of(self, location: str) -> str:
+        """The kind of a location it lists ("zone"), for what it says about one."""
+        return next((kind for kind, where in self.locations.items() if location in where), "location")
+
     def scan(self, now: float | None = None) -> list[Leftover]:
-        """Every runner-labelled leftover in the zones that can be listed; the others go to `skipped`."""
+        """Every runner-labelled leftover in the locations that can be listed; the others go to `skipped`."""
         now = now or time.time()
         found: dict[str, Leftover] = {}  # by name: a region's or the project's resources are found from each zone
         for sweep in self.sweeps:
-            for zone in self.zones:
+            for location in self.locations.get(sweep.location_kind, []):
                 try:
-                    listed = sweep.scan(self.project, zone)
+                    listed = sweep.scan(self.project, location)
                 except RunnerError as exc:
-                    self.skipped[zone] = "; ".join(filter(None, (self.skipped.get(zone), exc.message)))
+                    self.skipped[location] = "; ".join(filter(None, (self.skipped.get(location), exc.message)))
                     continue
                 api_now = sweep.api_now()
                 for item in listed:
@@ -233,16 +246,17 @@ class Sweeper:
 
 def sweeper_for(
     project: str | None,
-    zones: list[str] | None,
+    locations: Mapping[str, Iterable[str]] | None,
     *,
-    all_zones: bool,
+    everywhere: bool,
     say: Callable[[str], None],
     backends: list[str] | None = None,
 ) -> Sweeper:
-    """The sweep `runner gc` asks for, on every cloud backend (or `backends`): `zones` only, or (without them, or
-    with all_zones) the zones of this machine's runs, every zone of each backend's catalog slice and gcloud's
-    default zone. Runs this machine saw end are passed on: a machine of a run that ended here is a leftover,
-    whatever its run directory says."""
+    """The sweep `runner gc` asks for, on every cloud backend (or `backends`): `locations` only (by kind: {"zone":
+    [...]}; a kind not named is not swept), or (without them, or with `everywhere`) each backend's own: the
+    locations of this machine's runs, every location of its catalog slice and those this machine's configuration
+    names (gcloud's default zone). Runs this machine saw end are passed on: a machine of a run that ended here is a
+    leftover, whatever its run directory says."""
     from runner import backends as registry
     from runner.errors import UsageError
     from runner.plan import gcloud
@@ -257,15 +271,13 @@ def sweeper_for(
     names = backends or [name for name in registry.CLOUD if name in registry.installed()]
     sweeps = [registry.sweeper(name, timings) for name in names]
     records = runs.list_records()
-    chosen = set(zones or [])
-    if all_zones or not zones:
-        swept = {sweep.backend for sweep in sweeps}
-        chosen |= {z for sweep in sweeps for z in sweep.zones()}
-        chosen |= {str(r.handle["zone"]) for r in records if r.backend in swept and r.handle.get("zone")}
-        if default := gcloud.default_zone():
-            chosen.add(default)
+    chosen: dict[str, set[str]] = {kind: set(where) for kind, where in (locations or {}).items()}
+    if everywhere or not locations:
+        for sweep in sweeps:
+            own = chosen.setdefault(sweep.location_kind, set())
+            own |= sweep.locations() | sweep.configured_locations()
+            recorded = (sweep.recorded_location(r.handle) for r in records if r.backend == sweep.backend and r.handle)
+            own |= {where for where in recorded if where}
     ended = {r.run_id: str(r.state) for r in records if r.state.is_terminal()}
     limits = Limits(timings.sweep_stale_heartbeat_s, timings.sweep_startup_grace_s, timings.storage_patience_s)
-    return Sweeper(
-        sweeps, project, sorted(chosen), say=say, ended_runs=ended, poll_s=timings.sweep_poll_s, limits=limits
-    )
+    return Sweeper(sweeps, project, chosen, say=say, ended_runs=ended, poll_s=timings.sweep_poll_s, limits=limits)

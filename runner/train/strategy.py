@@ -119,7 +119,7 @@ def resolve_strategy(hint: str | None = None, tpu: str | None = None) -> Resolve
         raise StrategyError(f"unknown strategy hint {hint!r}; use auto, tpu, gpu or cpu")
     note = ""
     if hint == "tpu" or (hint == "auto" and (tpu or tpu_present())):
-        name = tpu or tpu_name_from_env() or "local"
+        name = tpu or tpu_name_from_env() or contract.THIS_TPU
         try:
             resolved = _connect_tpu(tf, name)
             log.info("TPU strategy: %s", resolved.describe())

@@ -1,7 +1,8 @@
-"""One conformance suite for every backend: the local process backend and the TPU VM backend on the emulators go
-through the same cases, holding each to the Backend contract (runner/backends/base.py): the handle is announced
-before anything is created, the machine runs the job through the run-directory contract, a machine taken away is
-seen as gone, teardown is idempotent and confirms, and a handle that is not the backend's is a clear error."""
+"""One conformance suite for every backend: the local process backend, and the TPU VM and Compute Engine backends on
+the emulators, go through the same cases, holding each to the Backend contract (runner/backends/base.py): the handle
+is announced before anything is created, the machine runs the job through the run-directory contract, a machine
+taken away is seen as gone, teardown is idempotent and confirms, and a handle that is not the backend's is a clear
+error."""
 
 from __future__ import annotations
 
@@ -17,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from runner.backends import plan_cloud
+from runner.backends import backend_named, plan_cloud, plan_local
 from runner.backends.base import Backend, MachineState
 from runner.backends.local.backend import LocalBackend
-from runner.backends.tpu_vm.backend import TpuVmBackend
 from runner.errors import StorageError
-from runner.plan.planner import Plan, plan_local
+from runner.plan.planner import Plan
 from runner.spec.loader import load_spec_text
 from runner.storage import open_storage
 from runner.timings import Timings
 from runner.watch.rundir import read_snapshot
 from tests.cloudjobs import IMAGE
 from tests.waiting import wait_for
+from tpu_emulator import TpuEmulator
 
 GONE = (MachineState.GONE, MachineState.PREEMPTED, MachineState.STOPPED, MachineState.DELETING)
 
@@ -40,13 +41,24 @@ class Subject:
     take_away: Callable[[Any], None]  # what a provider (or a crash) does to the machine under the runner
 
 
-def spec_text(storage: str, seconds: int) -> str:
+# Each cloud backend's accelerator (a type its catalog slice offers where it is offered), and what takes its machine
+# away under the runner: a Cloud TPU node's preemption, a Spot VM's on Compute Engine.
+CLOUDS: dict[str, tuple[str, Callable[[TpuEmulator, Any], None]]] = {
+    "tpu-vm": ("type: v2-8, zone: us-central1-b", lambda emulator, h: emulator.preempt(h.node_id)),
+    "compute-engine": (
+        "type: tpu7x-2, zone: us-central1-c, spot: true, backend: compute-engine",
+        lambda emulator, h: emulator.compute.preempt(h.name),
+    ),
+}
+
+
+def spec_text(storage: str, seconds: int, accelerator: str = CLOUDS["tpu-vm"][0]) -> str:
     script = f"import time; print('on the machine', flush=True); time.sleep({seconds})"
     return textwrap.dedent(f"""\
         name: conform
         image: {IMAGE}
         command: [python, -c, "{script}"]
-        accelerator: {{type: v2-8, zone: us-central1-b, project: test-project}}
+        accelerator: {{{accelerator}, project: test-project}}
         storage: {storage}
         """)
 
@@ -61,18 +73,21 @@ def local_subject(tmp_path: Path, seconds: int) -> Subject:
     return Subject(backend, plan_local(spec, None), kill)
 
 
-@pytest.fixture(params=["local", "tpu-vm"])
+@pytest.fixture(params=["local", *CLOUDS])
 def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[int], Subject]]:
-    """A factory: a backend and a plan whose job sleeps `seconds`."""
+    """A factory: a backend (made by the registry, as a run makes it) and a plan whose job sleeps `seconds`."""
     if request.param == "local":
         yield lambda seconds: local_subject(tmp_path, seconds)
         return
     cloud = request.getfixturevalue("cloud")
+    accelerator, take_away = CLOUDS[request.param]
 
     def make(seconds: int) -> Subject:
-        spec = load_spec_text(spec_text(f"gs://runner-test/{uuid.uuid4().hex[:8]}", seconds))
-        backend = TpuVmBackend(say=lambda s: None, timings=Timings.from_env())
-        return Subject(backend, plan_cloud(spec, None, environ={}), lambda h: cloud.preempt(h.node_id))
+        spec = load_spec_text(spec_text(f"gs://runner-test/{uuid.uuid4().hex[:8]}", seconds, accelerator))
+        plan = plan_cloud(spec, None, environ={})
+        assert plan.backend == request.param
+        backend = backend_named(plan.backend, lambda s: None, Timings.from_env())
+        return Subject(backend, plan, lambda h: take_away(cloud, h))
 
     yield make
 

@@ -166,8 +166,7 @@ def test_a_command_runs_with_the_runners_interpreter(tmp_path: Path, runner_home
 
 def test_the_job_environment_is_the_same_contract_on_every_backend(tmp_path: Path) -> None:
     """Every documented RUNNER_ variable is set for a job on this machine and on a TPU VM alike."""
-    from runner.backends import plan_cloud
-    from runner.plan.planner import plan_local
+    from runner.backends import plan_cloud, plan_local
     from runner.spec.loader import load_spec_text
 
     text = "name: j\nimage: us-docker.pkg.dev/p-123456/r/t:1\ncommand: [python, x.py]\nstorage: STORAGE\n"

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runner import contract
+from runner import backends, contract
 from runner.cli import app
 from runner.errors import SpecError
 from runner.launch import build, code, deps
-from runner.plan import planner
 from runner.spec import JobSpec
 from tests.launch.test_build import FakeDocker
 
@@ -89,9 +88,9 @@ def test_only_a_job_with_code_of_its_own_carries_requirements(tmp_path: Path, mo
     command = JobSpec.model_validate({**base, "command": ["python", "train.py"]})
     builtin = JobSpec.model_validate({**base, "training": {"model": "mnist_mlp"}})
     own_model = JobSpec.model_validate({**base, "training": {"model": "mymodels:build"}})
-    assert deps.of_env(planner.plan_local(command, None).env) == deps.find(tmp_path)
-    assert contract.REQUIREMENTS not in planner.plan_local(builtin, None).env
-    assert contract.REQUIREMENTS in planner.plan_local(own_model, None).env
+    assert deps.of_env(backends.plan_local(command, None).env) == deps.find(tmp_path)
+    assert contract.REQUIREMENTS not in backends.plan_local(builtin, None).env
+    assert contract.REQUIREMENTS in backends.plan_local(own_model, None).env
 
 
 # -- checking against the pins -------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from runner.backends import plan_local
 from runner.backends.base import MachineState
 from runner.backends.tpu_vm.backend import STATE_NOTES, TpuVmBackend
 from runner.contract import HANG_DEFAULT_S
 from runner.lifecycle.ending import should_delete
 from runner.lifecycle.watchdog import HANG_SLACK_S, Verdict, Watchdog, machine_end
-from runner.plan.planner import plan_local
 from runner.spec.loader import load_spec_text
 from runner.watch.events import Event
 from runner.watch.rundir import ExitRecord, Heartbeat, Snapshot

@@ -10,12 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from runner import contract
-from runner.backends import plan_cloud
+from runner.backends import plan_cloud, plan_local
 from runner.cli import app
 from runner.errors import PlanError, SpecError
 from runner.plan import catalog
 from runner.plan.budget import plan_rows
-from runner.plan.planner import plan_local
 from runner.spec import JobSpec
 from runner.spec.loader import load_spec_text
 

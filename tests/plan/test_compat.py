@@ -136,7 +136,7 @@ def test_auto_picks_the_catalogs_default_backend(accelerator: str, asked: str, b
 
 def test_a_backend_that_is_not_installed_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exit 2 with what is wrong, at validate and at submit --dry-run, never an ImportError's traceback."""
-    monkeypatch.setitem(backends._PACKAGES, "compute-engine", "runner.backends.not_there")
+    monkeypatch.setitem(backends._REGISTRY, "compute-engine", backends.Registered("runner.backends.not_there"))
     path = tmp_path / "job.yaml"
     path.write_text(
         "name: j\nimage: us-docker.pkg.dev/proj-1/r/t:1\nstorage: gs://my-bucket/p\n"

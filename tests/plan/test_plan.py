@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,8 +116,41 @@ def test_multi_host_tensorflow_runs_on_worker_zero_of_a_pod_runtime() -> None:
     p = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version=pod_runtime))
     assert p.cloud is not None and p.cloud.trainer_workers == "0" and p.num_workers == 1
     assert p.env["RUNNER_TPU_NAME"] == p.cloud.machine_id  # the resolver is given the node name on a pod
+    assert p.env["TPU_LOAD_LIBRARY"] == "0"  # worker 0 drives the slice through the TPU runtime
     custom = plan(spec(acc_type="v4-32", acc_zone="us-central2-b", training=None, command=["python", "x.py"]))
     assert custom.cloud is not None and custom.cloud.trainer_workers == "all" and custom.num_workers == 4
+    assert "TPU_LOAD_LIBRARY" not in custom.env
+
+
+def test_a_backends_target_adds_its_own_job_environment() -> None:
+    """The planner sets the contract every backend shares; a TPU VM's own variables come from the VM backends'
+    targets (Target.job_env), and a target of another kind adds its own instead of them, the rest unchanged."""
+    from dataclasses import dataclass, fields
+
+    from runner.backends.compute_engine import resolve as compute_resolve
+    from runner.backends.tpu_vm import resolve as tpu_resolve
+    from runner.plan.planner import plan_cloud as planned
+    from runner.plan.target import Target
+
+    @dataclass(frozen=True)
+    class ClusterTarget(Target):
+        def job_env(self, spec: JobSpec) -> dict[str, str]:
+            return {"CLUSTER_JOB": spec.name}
+
+    def cluster_resolve(*args: Any, **kwargs: Any) -> ClusterTarget:
+        vm = tpu_resolve(*args, **kwargs)
+        return ClusterTarget(**{f.name: getattr(vm, f.name) for f in fields(Target)})
+
+    pod = spec(acc_type="v4-32", acc_zone="us-central2-b", acc_runtime_version="tpu-vm-tf-2.17.0-pod-pjrt")
+    pinned: dict[str, Any] = {"environ": NO_GCLOUD, "now": 1_800_000_000.0, "run_suffix": "abcd"}
+    vm = planned(pod, None, resolve=tpu_resolve, **pinned)
+    assert (vm.env["RUNNER_TPU_NAME"], vm.env["TPU_LOAD_LIBRARY"]) == (vm.run_id, "0")
+    other = planned(pod, None, resolve=cluster_resolve, **pinned)
+    tpu_vm_only = {"RUNNER_TPU_NAME", "TPU_LOAD_LIBRARY"}
+    assert other.env == {**{k: v for k, v in vm.env.items() if k not in tpu_vm_only}, "CLUSTER_JOB": "job"}
+    one_host = spec(acc_type="v6e-8", acc_zone="us-east1-d", training=None, command=["python", "x.py"])
+    compute = planned(one_host, None, resolve=compute_resolve, **pinned)
+    assert compute.env["RUNNER_TPU_NAME"] == "local" and "TPU_LOAD_LIBRARY" not in compute.env
 
 
 def test_provisioning_auto_queues_multi_host_slices_and_bounds_the_wait() -> None:

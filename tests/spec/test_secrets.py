@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.backends import plan_local
 from runner.errors import PlanError, SpecError
-from runner.plan.planner import plan_local, plan_secrets
+from runner.plan.planner import plan_secrets
 from runner.spec.loader import dump_spec, load_spec_text
 from runner.spec.secrets import looks_secret, parse_ref
 

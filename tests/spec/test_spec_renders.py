@@ -13,11 +13,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.backends import container, plan_cloud
+from runner.backends import container, plan_cloud, plan_local
 from runner.backends.tpu_vm.requests import node_request
 from runner.errors import SpecError
 from runner.launch.bootstrap import render
-from runner.plan.planner import plan_local
 from runner.spec.loader import load_spec_text
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/tpu-runner/trainer:1"

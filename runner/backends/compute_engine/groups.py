@@ -28,7 +28,7 @@ from runner.backends.compute_engine.requests import base_instance_name, names, s
 from runner.backends.deletion import Deletion
 from runner.backends.flows import same_run
 from runner.backends.labels import NameTaken
-from runner.backends.zones import first_with_capacity
+from runner.backends.locations import first_with_capacity
 from runner.errors import AlreadyExists, BackendError, NoCapacity, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan

@@ -22,7 +22,7 @@ from runner.backends.compute_engine.handles import InstanceHandle
 from runner.backends.compute_engine.requests import instance_request, target_of
 from runner.backends.deletion import Deletion
 from runner.backends.flows import create_owned, labels_of, owned_or_gone
-from runner.backends.zones import first_with_capacity
+from runner.backends.locations import first_with_capacity
 from runner.errors import BackendError, NoCapacity, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
@@ -57,7 +57,7 @@ class Instances:
     # -- create ---------------------------------------------------------------------------------------------------
 
     def provision(self, plan: Plan, on_handle: Callable[[InstanceHandle], None]) -> InstanceHandle:
-        """The instance in the first zone with capacity (runner.backends.zones); `on_handle` gets each handle before
+        """The instance in the first zone with capacity (runner.backends.locations); `on_handle` gets each handle before
         its insert is sent."""
         target = target_of(plan)
         return first_with_capacity(

@@ -18,7 +18,7 @@ from runner.backends import labels
 from runner.backends.compute_engine import catalog
 from runner.backends.compute_engine.api import ComputeApi, operation_ref, region_of, timestamp
 from runner.backends.compute_engine.requests import GROUP, GROUP_ZONE, base_instance_name
-from runner.backends.sweep import Found, Sweep
+from runner.backends.sweep import Found, ZonalSweep
 
 _DEAD = {"STOPPED", "TERMINATED", "SUSPENDED"}
 _GOING = {"PENDING_STOP", "STOPPING", "DEPROVISIONING"}
@@ -29,18 +29,19 @@ def _items(metadata: Any) -> dict[str, str]:
     return {item.key: item.value for item in (metadata.items if metadata else [])}
 
 
-class ComputeSweep(Sweep):
+class ComputeSweep(ZonalSweep):
     backend = "compute-engine"
 
     def __init__(self, api: ComputeApi) -> None:
         self.api = api
 
-    def zones(self) -> set[str]:
+    def locations(self) -> set[str]:
         return catalog.all_zones()
 
-    def scan(self, project: str, zone: str) -> list[Found]:
+    def scan(self, project: str, location: str) -> list[Found]:
         from google.cloud import compute_v1
 
+        zone = location  # its locations are zones
         at = (project, zone)
         templates = {
             t.name: t
@@ -81,7 +82,7 @@ class ComputeSweep(Sweep):
         return Found(
             kind="instance",
             name=_path(vm.self_link),
-            zone=zone,
+            location=zone,
             state=status,
             labels=dict(vm.labels),
             created_at=timestamp(vm.creation_timestamp),
@@ -98,7 +99,7 @@ class ComputeSweep(Sweep):
         return Found(
             kind="instance group",
             name=_path(group.self_link),
-            zone=zone,
+            location=zone,
             state="DELETING" if deleting else f"{group.status.current_instance_statuses.running}/{group.target_size}",
             labels=labels.from_description(group.description),
             created_at=timestamp(group.creation_timestamp),
@@ -114,7 +115,7 @@ class ComputeSweep(Sweep):
         return Found(
             kind=kind,
             name=_path(resource.self_link),
-            zone="global" if kind == "instance template" else region_of(zone),
+            location="global" if kind == "instance template" else region_of(zone),
             state="EXISTS",
             labels=marks,
             created_at=timestamp(resource.creation_timestamp),
@@ -136,14 +137,14 @@ class ComputeSweep(Sweep):
             "workload policy": ("policies", {"region": parts[3], "resource_policy": parts[-1]}),
         }[found.kind]
         action = f"{'delete' if method.startswith('delete') else 'read'} {found.kind} {parts[-1]}"
-        return self.api.unless_missing(kind, method, action, (project, found.zone), project=project, **keys)
+        return self.api.unless_missing(kind, method, action, (project, found.location), project=project, **keys)
 
     def request_delete(self, project: str, found: Found) -> str | None:
         op = self._call("delete_unary", project, found)
         return None if op is None else operation_ref(op)
 
     def outcome(self, project: str, found: Found, operation: str) -> tuple[bool, str | None]:
-        op = self.api.get_operation(operation, project=project, zone=found.zone)
+        op = self.api.get_operation(operation, project=project, zone=found.location)
         return op.done, op.failure.said() if op.failure is not None else None
 
     def exists(self, project: str, found: Found) -> bool:

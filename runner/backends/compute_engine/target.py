@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from runner.backends.compute_engine import catalog as slice_catalog
+from runner.backends.tpu_env import tpu_vm_env
 from runner.plan import catalog, compat
 from runner.plan.target import Problems, Target, location, require_project, require_zones, settle
 from runner.spec import JobSpec
@@ -46,6 +47,9 @@ class ComputeTarget(Target):
     def self_delete(self) -> str:
         """What the VM's bootstrap deletes when the job ends (its SELF_DELETE value)."""
         return "compute-group" if self.topology else "compute-instance"
+
+    def job_env(self, spec: JobSpec) -> dict[str, str]:
+        return tpu_vm_env(self)
 
     def within(self, max_runtime_s: int) -> ComputeTarget:
         """The VM's own run duration and a flex-start wait never outlast the run's deadline (the budget's included)."""

@@ -15,11 +15,11 @@ from runner.backends import labels
 from runner.backends.base import MachineState
 from runner.backends.deletion import Deletion
 from runner.backends.flows import create_owned, labels_of, owned_or_gone
+from runner.backends.locations import first_with_capacity
 from runner.backends.tpu_vm.api import explain
 from runner.backends.tpu_vm.common import Context
 from runner.backends.tpu_vm.handles import NodeHandle
 from runner.backends.tpu_vm.requests import node_request, target_of
-from runner.backends.zones import first_with_capacity
 from runner.errors import BackendError, Preempted, Vanished
 from runner.interrupts import signals_deferred
 from runner.plan.planner import Plan
@@ -69,7 +69,7 @@ class Nodes:
     # -- create ---------------------------------------------------------------------------------------------------
 
     def provision(self, plan: Plan, on_handle: Callable[[NodeHandle], None]) -> NodeHandle:
-        """The node in the first zone with capacity (runner.backends.zones). `on_handle` gets each node's handle
+        """The node in the first zone with capacity (runner.backends.locations). `on_handle` gets each node's handle
         before its create request is sent, so that a runner killed at any moment has recorded what it may have
         created."""
         target = target_of(plan)

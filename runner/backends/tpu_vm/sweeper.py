@@ -12,7 +12,7 @@ from typing import Any
 
 from runner import contract
 from runner.backends import labels
-from runner.backends.sweep import Found, Sweep
+from runner.backends.sweep import Found, ZonalSweep
 from runner.backends.tpu_vm.api import TpuApi
 from runner.plan import catalog
 
@@ -32,7 +32,7 @@ def found_node(node: Any, zone: str) -> Found:
     return Found(
         kind="node",
         name=str(node.name),
-        zone=zone,
+        location=zone,
         state=state,
         labels=dict(node.labels),
         created_at=_seconds(node.create_time),
@@ -51,7 +51,7 @@ def found_queued(qr: Any, zone: str) -> Found | None:
     return Found(
         kind="queued resource",
         name=str(qr.name),
-        zone=zone,
+        location=zone,
         state=state,
         labels=found_labels,
         created_at=_seconds(qr.create_time),
@@ -62,16 +62,17 @@ def found_queued(qr: Any, zone: str) -> Found | None:
     )
 
 
-class TpuVmSweep(Sweep):
+class TpuVmSweep(ZonalSweep):
     backend = "tpu-vm"
 
     def __init__(self, api: TpuApi) -> None:
         self.api = api
 
-    def zones(self) -> set[str]:
+    def locations(self) -> set[str]:
         return {z for t in catalog.all_types() if "tpu-vm" in t.generation.backends for z in t.zones}
 
-    def scan(self, project: str, zone: str) -> list[Found]:
+    def scan(self, project: str, location: str) -> list[Found]:
+        zone = location  # its locations are zones
         queued = [
             found
             for qr in self.api.list_queued_resources(project, zone)
@@ -91,14 +92,14 @@ class TpuVmSweep(Sweep):
 
     def request_delete(self, project: str, found: Found) -> str | None:
         if found.kind == "node":
-            return self.api.delete_node(project, found.zone, found.short_name)
-        return self.api.delete_queued_resource(found.name, project=project, zone=found.zone)
+            return self.api.delete_node(project, found.location, found.short_name)
+        return self.api.delete_queued_resource(found.name, project=project, zone=found.location)
 
     def outcome(self, project: str, found: Found, operation: str) -> tuple[bool, str | None]:
-        op = self.api.get_operation(operation, project=project, zone=found.zone)
+        op = self.api.get_operation(operation, project=project, zone=found.location)
         return op.done, op.failure.said() if op.failure is not None else None
 
     def exists(self, project: str, found: Found) -> bool:
         if found.kind == "node":
-            return self.api.get_node(project, found.zone, found.short_name) is not None
-        return self.api.get_queued_resource(found.name, project=project, zone=found.zone) is not None
+            return self.api.get_node(project, found.location, found.short_name) is not None
+        return self.api.get_queued_resource(found.name, project=project, zone=found.location) is not None

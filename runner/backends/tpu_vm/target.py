@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from runner.backends.tpu_env import tpu_vm_env
 from runner.plan import catalog, compat
 from runner.plan.target import Problems, Target, location, require_project, require_zones, settle
 from runner.spec import JobSpec
@@ -19,6 +20,14 @@ class TpuVmTarget(Target):
     provisioning: str = "node"  # "node": create the node; "queued": a queued resource that waits for capacity
     max_wait_s: int = 0  # queued: how long it may wait in each zone (its validUntilDuration)
     attach_node: str | None = None  # an existing node: attach, never create or delete
+
+    @property
+    def self_delete(self) -> str:
+        """What the VM's bootstrap deletes when its job is over (its SELF_DELETE value): its Cloud TPU node."""
+        return "tpu-node"
+
+    def job_env(self, spec: JobSpec) -> dict[str, str]:
+        return tpu_vm_env(self)
 
     def within(self, max_runtime_s: int) -> TpuVmTarget:
         """A queued resource never waits past the run's deadline, even when the runner that asked for it is gone."""

@@ -8,6 +8,7 @@ from google.cloud import compute_v1
 from runner.backends.compute_engine import sweep
 from runner.backends.compute_engine.backend import ComputeEngineBackend
 from runner.backends.compute_engine.handles import GroupHandle
+from runner.backends.sweep import ZONE
 from runner.teardown.sweeper import Sweeper
 from tests.backends.compute_engine.conftest import QUICK
 from tests.backends.compute_engine.plans import PROJECT, plan
@@ -34,7 +35,7 @@ def test_the_sweep_finds_and_deletes_what_a_killed_runner_left(
     sweeper = Sweeper(
         [sweep(QUICK)],
         PROJECT,
-        ["us-central1-c", "us-central1-a", "us-east5-a"],
+        {ZONE: ["us-central1-c", "us-central1-a", "us-east5-a"]},
         say=said.append,
         ended_runs=runs,
         poll_s=0.1,
@@ -63,7 +64,7 @@ def test_a_live_run_is_kept_and_a_terminated_vm_is_not(backend: ComputeEngineBac
     live = backend.provision(plan("type: tpu7x-2, zone: us-central1-c"), lambda h: None)
     stopped = backend.provision(plan("type: tpu7x-2, zone: us-central1-c", name="ce2"), lambda h: None)
     gce.wait(gce.instances.stop(project=PROJECT, zone="us-central1-c", instance=stopped.name))
-    sweeper = Sweeper([sweep(QUICK)], PROJECT, ["us-central1-c"], say=lambda s: None, poll_s=0.1)
+    sweeper = Sweeper([sweep(QUICK)], PROJECT, {ZONE: ["us-central1-c"]}, say=lambda s: None, poll_s=0.1)
     found = {left.short_name: left for left in sweeper.scan()}
     assert found[stopped.name].orphaned_because == "it is TERMINATED and can never run the job again"
     assert found[live.name].orphaned_because is None  # its run directory cannot be read here: kept, and said
@@ -97,7 +98,7 @@ def test_a_template_and_policy_whose_group_was_never_made_are_judged_by_their_ru
 
     def scan(grace_s: float) -> dict[str, object]:
         limits = Limits(startup_grace_s=grace_s, storage_patience_s=5)
-        sweeper = Sweeper([sweep(QUICK)], PROJECT, ["us-central1-c"], say=lambda s: None, limits=limits)
+        sweeper = Sweeper([sweep(QUICK)], PROJECT, {ZONE: ["us-central1-c"]}, say=lambda s: None, limits=limits)
         return {left.kind: left.orphaned_because for left in sweeper.scan()}
 
     assert scan(3600) == {"instance template": None, "workload policy": None}  # young: its group may yet come
