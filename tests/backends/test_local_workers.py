@@ -263,7 +263,7 @@ from runner.train import keras_callbacks, resolve_strategy
 
 strategy = resolve_strategy().strategy
 (x, y), _ = mnist.load_data()
-x, y = x[:8192].reshape(-1, 784) / 255.0, y[:8192]
+x, y = x[:4096].reshape(-1, 784) / 255.0, y[:4096]
 with strategy.scope():
     model = tf.keras.Sequential([tf.keras.Input((784,)), tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(10, activation="softmax")])
@@ -280,7 +280,7 @@ from runner.train import keras_callbacks, resolve_distribution
 
 resolve_distribution()
 (x, y), _ = mnist.load_data()
-x, y = x[:8192].reshape(-1, 784) / 255.0, y[:8192]
+x, y = x[:4096].reshape(-1, 784) / 255.0, y[:4096]
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -321,7 +321,7 @@ def test_a_user_script_on_two_workers_stops_at_one_step_and_resumes_exactly(
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     metrics = [json.loads(line) for line in (run_dir / contract.METRICS).read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
-    assert metrics[-1]["global_step"] == 3 * 256  # 8192 / 32 steps an epoch on every worker: none lost, none twice
+    assert metrics[-1]["global_step"] == 3 * 128  # 4096 / 32 steps an epoch on every worker: none lost, none twice
     for worker in (0, 1):
         assert f"[runner] resumed from {saved.group(1)}" in _log(run_dir, worker)
         assert json.loads((run_dir / contract.exit_key(worker)).read_text())["state"] == "succeeded"

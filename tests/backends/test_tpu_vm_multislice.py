@@ -100,12 +100,12 @@ def test_a_jax_job_on_two_slices_trains_as_one_cluster_and_a_preempted_slice_los
         f"name: jaxmulti\nimage: {IMAGE}\n"
         "accelerator: {type: v4-16, slices: 2, zone: us-central2-b, project: test-project, spot: true}\n"
         f"storage: {bucket_url}\n"
-        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 16, max_train_examples: 8192,\n"
+        "training: {framework: jax, model: mnist_mlp, epochs: 1, batch_size: 32, max_train_examples: 8192,\n"
         f"           max_test_examples: 512, data: {gcs_mnist}}}\n"
     )
-    # 512 steps: an epoch that lasts many times the second by which the bucket's progress.json trails the trainer
+    # 256 steps: an epoch that lasts many times the second by which the bucket's progress.json trails the trainer
     # (the VMs sync and write progress every 0.5 s: conftest's FAST_TIMINGS), so it is seen in its first half.
-    steps = 8192 // 16
+    steps = 8192 // 32
     # A Spot VM's 30 s from SIGTERM to power-off, not the fixture's 3 s: on a loaded machine worker 0's stop
     # checkpoint and exit record took longer than 3 s to reach the bucket (the VM powers off once its job is gone).
     cloud.vm_grace_s = SPOT_GRACE_S

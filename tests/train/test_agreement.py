@@ -153,9 +153,9 @@ def test_stop_signal_adopts_once() -> None:
 
 # --- two real trainer processes ---------------------------------------------------------------------------------
 
-# Many short steps, so that an epoch is still running well after it is seen to have started (2 processes x 4).
-SPLIT = {"model": "mnist_mlp", "batch_size": 8, "max_train_examples": 4096, "max_test_examples": 512, "epochs": 1}
-STEPS = 4096 // 8
+# Many short steps, so that an epoch is still running well after it is seen to have started (2 processes x 8).
+SPLIT = {"model": "mnist_mlp", "batch_size": 16, "max_train_examples": 4096, "max_test_examples": 512, "epochs": 1}
+STEPS = 4096 // 16
 
 
 def start_workers(run: Path, mnist_npz: Path, framework: str) -> list[subprocess.Popen[str]]:
