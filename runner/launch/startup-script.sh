@@ -75,8 +75,9 @@ token() { metadata instance/service-accounts/default/token | sed -n 's/.*"access
 
 # put KEY FILE [QUERY]: upload a file to the run directory (Cloud Storage JSON API, simple upload); QUERY adds
 # parameters such as a precondition.
+PUT_OPTS=()  # more curl options for put: a bound where a wait would cost more than a lost upload
 put() {
-  curl -sf --retry 5 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/octet-stream' \
+  curl -sf --retry 5 "${PUT_OPTS[@]}" -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/octet-stream' \
     --data-binary @"$2" \
     "${STORAGE_API}/upload/storage/v1/b/${BUCKET}/o?uploadType=media&name=$(urlencode "${PREFIX}/$1")${3:+&$3}" \
     >/dev/null
@@ -440,11 +441,13 @@ notice() {
   log "instance/$1 is ${value}: stopping the job, with ${STOP_S}s to save"
   local value_json
   json_str value_json "$value"
-  # On this disk before the stop, whose end kills this watch: container_exited's upload carries it if this one
-  # does not get to.
+  # Up in the run directory before the stop: an exit record the stop brings about is then never there without the
+  # notice that explains it (the runner would take the job's stop for its end and not recreate the machine). The
+  # upload is bounded, as the grace runs; if it fails, container_exited's upload carries the line from this disk.
   event_line "$3" "\"value\": ${value_json}, \"grace_s\": ${STOP_S}"
-  kill -TERM "$$"
+  PUT_OPTS=(--max-time 3 --retry-max-time 3)
   put_events
+  kill -TERM "$$"
 }
 notices=()
 set -m

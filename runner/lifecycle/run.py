@@ -54,7 +54,7 @@ from runner.lifecycle.heartbeat import RunnerHeartbeat
 from runner.lifecycle.lease import Lease
 from runner.lifecycle.records import continue_record, start_record
 from runner.lifecycle.resume import resume_note
-from runner.lifecycle.watchdog import Verdict, Watchdog
+from runner.lifecycle.watchdog import Verdict, Watchdog, all_succeeded
 from runner.plan.planner import Plan
 from runner.storage import open_storage
 from runner.timings import Timings
@@ -259,6 +259,8 @@ class Run(Deciding, Ending):
         snapshot = self._follow(on_event, stop)
         if not verdict:  # follow's own end: every exit record is there
             verdict.append(Verdict.FINISHED)
+            if not all_succeeded(snapshot):
+                self._read_listed_events(on_event)
         self.events.hold()  # from here to the delete, the API alone: what is said goes to storage after it
         if verdict[0] == Verdict.MACHINE_GONE and self._nothing_to_delete(handle):
             # A VM that finished writes its exit record, then deletes itself: read again what it left.
@@ -331,6 +333,16 @@ class Run(Deciding, Ending):
             self.say("worker 0 has stopped")
         else:
             self.say(f"worker 0 did not stop within {self.grace_s:.0f}s: the run resumes from its newest checkpoint")
+
+    def _read_listed_events(self, on_event: Callable[[Event], None]) -> None:
+        """The events the end's poll listed, read before a stopped job's end is judged: what the stop means can rest
+        on one (the bootstrap's notice, uploaded before it stopped the job) that the streams' reader, behind the
+        poll on a loaded machine, has not read yet. A successful end needs none, and is judged at once."""
+        try:
+            self.view.read_streams()
+        except StorageError:
+            return  # judged on what was read; the end's own read (settle) says what the rest was
+        show_new(self.view, self.seen, on_event, self.on_output)
 
     def _follow(self, on_event: Callable[[Event], None], stop: Callable[[Snapshot], bool]) -> Snapshot:
         """Every worker's log and the run's events, shown as they come, until `stop` or every exit record."""
