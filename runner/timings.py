@@ -46,6 +46,9 @@ class Timings:
     # taken over once Cloud Storage has stored no refresh of it for lease_ttl_s (by the storage's own clock).
     lease_refresh_s: float = 20.0
     lease_ttl_s: float = 120.0
+    # gke: a watch on the JobSet and its pods ends after this long (its timeoutSeconds) and is renewed from the last
+    # resourceVersion seen, or listed again when that has expired (410 Gone).
+    cluster_watch_s: float = 60.0
     # In the job's container: the supervisor's copy of its output to a gs:// run directory, each worker's heartbeat,
     # the trainer's progress.json. What the runner sees of a job on a VM trails it by up to a sync plus a progress.
     job_sync_s: float = contract.CADENCES[contract.SYNC_S]

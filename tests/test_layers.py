@@ -225,6 +225,7 @@ NOT_A_BACKEND = {
     ("runner/contract.py", "local"): "TensorFlow's name of a VM's own TPU (THIS_TPU), the run id outside a run",
     ("runner/spec/__init__.py", "tpu-vm"): "accelerator.backend's choices: the spec's schema (held below)",
     ("runner/spec/__init__.py", "compute-engine"): "accelerator.backend's choices: the spec's schema (held below)",
+    ("runner/spec/__init__.py", "gke"): "accelerator.backend's choices, and the one that needs `cluster`",
 }
 
 
@@ -263,10 +264,11 @@ def test_the_check_finds_a_backend_named_outside_its_package(tmp_path: Path) -> 
     (root / "backends" / "__init__.py").write_text('CLOUD = ("tpu-vm", "compute-engine")\n')
     (root / "backends" / "tpu_vm" / "target.py").write_text('NAME = "tpu-vm"\n')
     (root / "backends" / "compute_engine" / "x.py").write_text('OTHER = "tpu-vm"\n')
-    (root / "plan.py").write_text('def f(b: str) -> bool:\n    return b in ("local", "gke")\n')
-    assert backend_names_outside(root) == [
+    (root / "plan.py").write_text('def f(b: str) -> bool:\n    return b in ("local", "gke", "azure")\n')
+    assert backend_names_outside(root) == [  # "azure" is no registered backend's name
         "runner/backends/compute_engine/x.py:1 tpu-vm",
         "runner/plan.py:2 local",
+        "runner/plan.py:2 gke",
     ]
 
 

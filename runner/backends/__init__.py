@@ -5,6 +5,7 @@ one registry the rest of the runner goes through without naming a backend:
     local           this machine: the job's container, or its entrypoint as a process (--local)
     tpu-vm          Cloud TPU VMs through the Cloud TPU API: nodes, queued resources, attached nodes
     compute-engine  TPU VMs as Compute Engine instances, multi-host slices as managed instance groups
+    gke             a JobSet on a GKE cluster's TPU node pools (an existing pool, or one made for the run)
 
 Every package has INFO (what a backend is, for collect and watch) and make(); the cloud ones also resolve(), their
 plan target from their catalog slice (runner.plan.target), findings() (the same checks, offline, for `runner
@@ -13,7 +14,8 @@ asked for, and none of them imports a Google SDK until a machine is. A backend t
 missing is NotInstalled (a PlanError, exit 2), never an ImportError.
 
 Nothing outside a backend's package and this table names a backend (tests/test_layers.py holds it): what differs
-between them is a capability each declares. Here: whether it is a cloud's (Registered.cloud: is_cloud, CLOUD, here).
+between them is a capability each declares. Here: whether it is a cloud's (Registered.cloud: is_cloud, CLOUD,
+here), and whether `auto` may pick it (Registered.auto).
 Its INFO (BackendInfo): whether it bills, what the startup breakdown calls its machine up, whether it pulls the image.
 Its Backend (runner.backends.base): whether its machines end with their job (ephemeral), its provider's words for up
 and stopped. Its plan target (runner.plan.target.Target): the job environment its machines add (job_env) and what
@@ -53,6 +55,7 @@ class Registered:
 
     package: str
     cloud: bool = True
+    auto: bool = True  # `backend: auto` may pick it; False: it needs what only the spec can say (a cluster)
 
 
 # The one table that names the backends, in the order `auto` prefers among the cloud ones.
@@ -60,6 +63,7 @@ _REGISTRY = {
     "local": Registered("runner.backends.local", cloud=False),
     "tpu-vm": Registered("runner.backends.tpu_vm"),
     "compute-engine": Registered("runner.backends.compute_engine"),
+    "gke": Registered("runner.backends.gke", auto=False),
 }
 NAMES = tuple(_REGISTRY)
 CLOUD = tuple(name for name, registered in _REGISTRY.items() if registered.cloud)
@@ -175,7 +179,7 @@ def chosen(spec: JobSpec) -> tuple[str, str]:
         generation = catalog.accelerator(spec.accelerator.type).generation
     except catalog.CatalogError:
         return CLOUD[0], "auto"  # the registry's first cloud backend, whose checks say what is wrong with the type
-    offered = [b for b in generation.backends if is_cloud(b)]
+    offered = [b for b in generation.backends if is_cloud(b) and _REGISTRY[b].auto]
     if not offered:
         return CLOUD[0], "auto"
     if len(offered) == 1:

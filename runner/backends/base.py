@@ -89,6 +89,12 @@ class Backend(ABC, Generic[H]):
         once (one API read at most)."""
         return True
 
+    def next_attempt(self, handle: H, *, wait_s: float) -> H | None:
+        """Where the platform restarts the job itself after a machine is taken away (a JobSet's failurePolicy), the
+        handle of its next attempt once the last one's workers are gone: the run follows it rather than replacing
+        the machine. None (the default): nothing restarts by itself, so the machine is deleted and made again."""
+        return None
+
     def console_hint(self, handle: H) -> str | None:
         """Where to read what the machine did at boot, for a machine that never reported in."""
         return None

@@ -55,18 +55,28 @@ class Ending:
     def _storage_failed(self, exc: StorageError) -> None:
         raise NotImplementedError
 
-    def replace(self, handle: Handle) -> None:
+    def replace(self, handle: Handle) -> Handle | None:
         """Tear the old machine down (confirmed gone) and forget its exit records, before provisioning anew. The
         old machine is gone, so nothing writes them any more; a preempted worker records `cancelled`, which must
-        not end the next attempt. The delete goes first; the run directory is told after."""
-        t0 = time.time()
-        gone = self._delete(handle, "replacing", t0, wait_s=REPLACE_WAIT_S)
-        if not gone:
-            # Its successor would take its name: never create beside a machine that may still run the job.
-            raise BackendError(
-                "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
-            )
-        self.handle = None
+        not end the next attempt. The delete goes first; the run directory is told after. Where the platform
+        restarted the job itself (Backend.next_attempt), nothing is deleted: the records of the attempt that ended
+        are forgotten the same way, and the handle of the next one is returned, to follow; None: provision anew."""
+        following = self.backend.next_attempt(handle, wait_s=REPLACE_WAIT_S)
+        if following is not None:
+            self.handle = following
+            mine = machines.added(machines.without(self.record.machines, handle.to_dict()), following.to_dict())
+            self._save(handle=following.to_dict(), machines=mine)
+            self.events.release()  # held since the verdict, for a delete that is not needed
+            self.events.emit("restarted", handle=following.to_dict())
+        else:
+            t0 = time.time()
+            gone = self._delete(handle, "replacing", t0, wait_s=REPLACE_WAIT_S)
+            if not gone:
+                # Its successor would take its name: never create beside a machine that may still run the job.
+                raise BackendError(
+                    "the old machine was not confirmed gone, so no new one was created", hint="`runner down RUN`"
+                )
+            self.handle = None
         # Nothing writes these any more: the next attempt's workers must not be judged by the old ones' words (and
         # what cannot be cleared now is older than the next attempt's `since`).
         try:
@@ -74,6 +84,7 @@ class Ending:
             delete_many(self.storage, [info.key for found in listed for info in found])
         except StorageError as exc:
             self._storage_failed(exc)
+        return following
 
     def _delete(self, handle: Handle, state: str, t0: float, *, wait_s: float | None = None) -> bool:
         """The backend's teardown, from the handle alone; then teardown_requested (stamped when it was sent) and
@@ -87,7 +98,9 @@ class Ending:
             self.events.release()
             self.events.emit("teardown_requested", happened_at=t0, state=state)
             self.events.emit("delete_failed", error=exc.message, handle=handle.to_dict())
-            self._save(still_billing=self._billing_note(handle, exc.message))
+            note = self._billing_note(handle, exc.message)
+            self._save(still_billing=note)
+            self.say(f"warning: {note}")
             raise
         self.events.release()
         self.events.emit("teardown_requested", happened_at=t0, state=state)

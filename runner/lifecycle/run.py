@@ -407,8 +407,9 @@ class Run(Deciding, Ending):
         left_running = False
         try:
             with signals_raise(), RunnerHeartbeat(self.storage):
+                following: Handle | None = None  # the next attempt a platform restarted by itself
                 while True:
-                    handle = self.provision()
+                    handle = following or self.provision()
                     if detach:
                         left_running, self.state = True, RunState.STARTING
                         return Outcome(self.record, self.state, None, detached=True)
@@ -421,7 +422,10 @@ class Run(Deciding, Ending):
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
                     except Retry as retry:
-                        self.replace(handle)
+                        following = self.replace(handle)
+                        if following is not None:
+                            # What the run directory holds from before now is the ended attempt's.
+                            self.since = self._storage_now() or self.since
                         if retry.resumes:
                             # Read once the old machine is gone: a preempted job saves in its notice's grace period,
                             # and its supervisor uploads that checkpoint as it ends.

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.launch.imageref import IMAGE_RE
+from runner.spec.cluster import PATTERN_MEANINGS as CLUSTER_MEANINGS
+from runner.spec.cluster import ClusterSpec
 from runner.spec.secrets import SecretSpec, map_schema, secrets_map
 from runner.storage import GCS_RE
 
@@ -42,6 +44,7 @@ PATTERN_MEANINGS = {
     NODE_RE: "is not a TPU node name (lowercase letters, digits and '-', at most 63 characters)",
     PROJECT_RE: "is not a Google Cloud project id (6-30 lowercase letters, digits and '-')",
     SERVICE_ACCOUNT_RE: "is not a service account e-mail like NAME@PROJECT.iam.gserviceaccount.com",
+    **CLUSTER_MEANINGS,
 }
 
 
@@ -119,11 +122,15 @@ class AcceleratorSpec(_Model):
         None,
         description="Service account the TPU VM runs as (pulls the image, writes the run directory).",
     )
-    backend: Literal["auto", "tpu-vm", "compute-engine"] = Field(
+    backend: Literal["auto", "tpu-vm", "compute-engine", "gke"] = Field(
         "auto",
         description="Which cloud creates the machine: tpu-vm (the Cloud TPU API: nodes, queued resources), "
-        "compute-engine (Compute Engine instances and managed instance groups), or auto: the catalog's default for "
-        "the type's generation (TPU7x only goes through compute-engine). `submit --local` runs on this machine.",
+        "compute-engine (Compute Engine instances and managed instance groups), gke (a JobSet on a GKE cluster's "
+        "TPU node pools: `cluster`), or auto: the catalog's default for the type's generation. `submit --local` "
+        "runs on this machine.",
+    )
+    cluster: ClusterSpec | None = Field(
+        None, description="The Kubernetes cluster of `backend: gke`: which one, its namespace, queue and node pool."
     )
     provisioning: Literal["auto", "node", "queued"] = Field(
         "auto",
@@ -166,6 +173,8 @@ class AcceleratorSpec(_Model):
             raise ValueError("`max_wait` bounds the wait of a queued resource: it needs provisioning queued or auto")
         if self.slices > 1 and self.node:
             raise ValueError("`node` attaches to one existing TPU VM; `slices` above 1 creates a multislice")
+        if (self.backend == "gke") != (self.cluster is not None):
+            raise ValueError("`backend: gke` runs on a `cluster` (and a `cluster` needs `backend: gke`): give both")
         if self.slices > 1 and self.provisioning == "node":
             raise ValueError(
                 "`slices` above 1 is a multislice, which Cloud TPU creates through a queued resource only: "

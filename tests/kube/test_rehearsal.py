@@ -306,7 +306,17 @@ def test_a_pod_runs_in_a_real_container(
     pod_template["metadata"] = {"annotations": {RUN_ANNOTATION: "container"}}
     pod_template["spec"]["containers"][0]["image"] = BASE_IMAGE
     _create(kube_api, kube_namespace, manifest)
-    wait_for(lambda: _failed_or_refused(kube, kube_api, kube_namespace, name), "the JobSet Failed (exit 4)")
+    try:
+        wait_for(lambda: _failed_or_refused(kube, kube_api, kube_namespace, name), "the JobSet Failed (exit 4)")
+    except pytest.fail.Exception as exc:  # what each part was doing, for the next reader of a timeout
+        import subprocess
+
+        pods = [(p.metadata.name, p.status.phase, p.spec.node_name, p.status.container_statuses)
+                for p in _pods(kube_api, kube_namespace, name)]  # fmt: skip
+        ps = subprocess.run([*container_engine.argv, "ps", "-a"], capture_output=True, text=True, timeout=60)
+        status = (_jobset(kube_api, kube_namespace, name) or {}).get("status")
+        engine = f"{container_engine.name} ps -a:\n{ps.stdout}{ps.stderr}"
+        pytest.fail(f"{exc}\npods: {pods}\njobset status: {status}\nkubelet errors: {kube.kubelet.errors}\n{engine}")
     (pod,) = _pods(kube_api, kube_namespace, name)
     assert pod.status.container_statuses[0].state.terminated.exit_code == 4
     log = kube.kubelet.log_of(kube_namespace, pod.metadata.name)

@@ -9,7 +9,7 @@ make and take away nodes in a real Kubernetes API server (tpu_emulator.kube.Kube
 
 Faults (tpu_emulator.faults.Fault; zone and node = the node pool's name pattern): stockout, quota (quota = its
 name, limit), slow_create (seconds), delete_fails (message), http (status, method, path), permission (permission,
-e.g. container.clusters.update).
+e.g. container.clusters.update). Beside them, `busy` (another operation changing the cluster) and `preempt_node`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,18 @@ class GkeEmulator:
             self.cloud.clusters[cluster.path] = cluster
         return cluster
 
+    def preempt_node(self, name: str, *, grace_s: float = 0.0) -> str:
+        """The VM under node `name` reclaimed (a Spot VM's preemption): its pods stopped, the Node gone, the VM made
+        again by its pool after the create delay; the pool's path."""
+        return self.cloud.preempt(name, grace_s)
+
+    def busy(self, project: str, location: str, name: str, seconds: float) -> str:
+        """Another operation changes the cluster for `seconds`: node pool creates and deletes are refused
+        (FAILED_PRECONDITION) meanwhile; the operation's name."""
+        with self.cloud.lock:
+            cluster = self.cloud.cluster(project, location, name)
+        return self.cloud.busy(cluster, seconds).name
+
     def node_pools(self) -> dict[str, dict[str, Any]]:
         """Every node pool by path, as the API shows it."""
         with self.cloud.lock:
@@ -90,8 +102,8 @@ class _Sink:
     def add_nodes(self, *nodes: Any) -> None:
         self.kube.add_nodes(*nodes)
 
-    def take_node(self, name: str) -> None:
+    def take_node(self, name: str, grace_s: float = 0.0) -> None:
         if self.kube.kubelet is not None:
-            self.kube.kubelet.take_node(name)
+            self.kube.kubelet.take_node(name, grace_s=grace_s)
         else:
             self.kube.remove_nodes(name)

@@ -15,8 +15,16 @@ pool in ERROR (it must be deleted, as on GKE: terraform-provider-google#10121, "
   region R.". The operation's google.rpc code is 8 (RESOURCE_EXHAUSTED) for both: which code GKE puts there is
   unconfirmed; the bracketed reason is what tells them apart.
 A node pool with config.maxRunDuration has its nodes taken away when it has run that long: the deadline the cluster
-enforces when nobody else does. A flex-start pool is otherwise played as an on-demand one (its nodes come when the
-pool is RUNNING).
+enforces when nobody else does. A node preempted (`preempt`: a Spot VM reclaimed, a maintenance event) is taken
+away with its pods, and the pool's instance group makes the VM again, with the same name, after create_delay_s.
+
+An operation that excludes node pool changes (`busy`: a control-plane upgrade, a repair, another user's change to
+the cluster): while it runs, a node pool create or delete is answered 400 FAILED_PRECONDITION "Cluster is running
+incompatible operation operation-...", with ErrorInfo CLUSTER_ALREADY_HAS_OPERATION
+(kubernetes-sigs/cluster-api-provider-gcp#1363; terraform-provider-google#10366: "Operation ... is currently ...
+Please wait and try again once it is done.").
+
+A flex-start pool is otherwise played as an on-demand one (its nodes come when the pool is RUNNING).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from tpu_emulator.errors import ApiError
+from tpu_emulator.errors import ApiError, error_info
 from tpu_emulator.faults import Faults
 from tpu_emulator.gke.machines import TpuMachine, topology_chips, tpu_machine
 from tpu_emulator.kube.nodes import TpuNode
@@ -47,7 +55,7 @@ class NodeSink(Protocol):
 
     def add_nodes(self, *nodes: TpuNode) -> None: ...
 
-    def take_node(self, name: str) -> None: ...
+    def take_node(self, name: str, grace_s: float = 0.0) -> None: ...
 
 
 def _stamp(epoch: float) -> str:
@@ -159,6 +167,7 @@ class GkeCloud:
         self.clusters: dict[str, Cluster] = {}
         self.pools: dict[str, NodePool] = {}
         self.operations: dict[str, Operation] = {}
+        self._changing: dict[str, Operation] = {}  # cluster path -> the operation changing it (busy) while it runs
         self._agenda: list[tuple[float, Callable[[], None]]] = []
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -216,7 +225,32 @@ class GkeCloud:
         self.operations[name] = op
         return op
 
+    def busy(self, cluster: Cluster, seconds: float, kind: str = "UPGRADE_MASTER") -> Operation:
+        """Another operation changes `cluster` for `seconds` (not this client's: a teammate's, an upgrade)."""
+        with self.lock:
+            op = self._operation(cluster, kind, cluster.path)
+            self._changing[cluster.path] = op
+
+        def done() -> None:
+            with self.lock:
+                op.status, op.ended = "DONE", time.time()
+                if self._changing.get(cluster.path) is op:
+                    del self._changing[cluster.path]
+
+        self.later(seconds, done)
+        return op
+
+    def _refuse_while_changing(self, cluster: Cluster) -> None:
+        op = self._changing.get(cluster.path)
+        if op is not None:
+            raise ApiError(
+                "FAILED_PRECONDITION",
+                f"Cluster is running incompatible operation {op.name}.",
+                [error_info("CLUSTER_ALREADY_HAS_OPERATION", "container.googleapis.com", {})],
+            )
+
     def create_pool(self, cluster: Cluster, spec: dict[str, Any]) -> Operation:
+        self._refuse_while_changing(cluster)
         name = str(spec.get("name", ""))
         if not _NAME.match(name):
             raise ApiError("INVALID_ARGUMENT", f'Invalid node pool name "{name}": must match {_NAME.pattern}.')
@@ -371,8 +405,31 @@ class GkeCloud:
             for name in names:
                 sink.take_node(name)
 
+    def preempt(self, node: str, grace_s: float = 0.0) -> str:
+        """The VM under `node` reclaimed: taken away with its pods (SIGTERM, SIGKILL after grace_s), then made again
+        by its pool's instance group after create_delay_s; the pool's path."""
+        with self.lock:
+            pool = next((p for p in self.pools.values() if node in p.nodes and p.status == "RUNNING"), None)
+            if pool is None:
+                raise KeyError(f"no RUNNING node pool has a node {node}")
+        sink = pool.cluster.sink
+        if sink is not None:
+            sink.take_node(node, grace_s)
+        index = pool.nodes.index(node)
+
+        def recreated() -> None:
+            with self.lock:
+                if self.pools.get(pool.path) is not pool or pool.status != "RUNNING":
+                    return  # deleted meanwhile: nothing to make again
+            if sink is not None:
+                sink.add_nodes(self._node(pool, index))
+
+        self.later(self.create_delay_s, recreated)
+        return pool.path
+
     def delete_pool(self, path: str) -> Operation:
         pool = self.pool(path)
+        self._refuse_while_changing(pool.cluster)
         if pool.status in ("PROVISIONING", "STOPPING"):
             raise ApiError(
                 "FAILED_PRECONDITION", f"Cluster is running incompatible operation on node pool {pool.name}."

@@ -231,12 +231,27 @@ class KubeCluster:
         self._wait(lambda: plural in self._get(f"/apis/{group}/{version}"), "kube-apiserver", f"{group} served")
 
     def expire_watches(self) -> int:
-        """The 410 Gone fault: etcd compacted at its current revision, so every watch or list from an older
-        resourceVersion is answered 410 Gone by the API server; returns the revision."""
+        """The 410 Gone fault: two writes to a key of no resource, then etcd compacted at its revision, so every
+        watch or list from a resourceVersion seen before is answered 410 Gone by the API server (a watch from
+        revision R resumes at R + 1, which a compaction at R + 1 keeps: the writes put it behind); returns the
+        revision."""
+        import urllib.error
+
+        key = base64.b64encode(b"/tpu-emulator/compaction-tick").decode()
+        try:
+            for _ in range(2):
+                self._etcd("/v3/kv/put", {"key": key, "value": base64.b64encode(b"tick").decode()})
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"etcd does not answer: cannot compact it ({exc})") from exc
         revision = self._etcd_revision()
         if revision is None:
             raise ClusterError("etcd does not answer: cannot compact it")
-        self._etcd("/v3/kv/compaction", {"revision": revision, "physical": True})
+        try:
+            self._etcd("/v3/kv/compaction", {"revision": revision, "physical": True})
+        except urllib.error.HTTPError as exc:
+            said = exc.read().decode(errors="replace")
+            if "compacted" not in said:  # "required revision has been compacted": nothing written since the last
+                raise ClusterError(f"etcd refused the compaction at {revision}: {said}") from exc
         return revision
 
     def get(self, path: str) -> Any:

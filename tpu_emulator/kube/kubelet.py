@@ -8,8 +8,10 @@ What a kubelet writes back goes through the API: phase Running with podIP/hostIP
 running state once started, then Succeeded or Failed with each container's exit code and reason (Completed, Error,
 OOMKilled is never claimed). A pod being deleted (deletionTimestamp) has its processes stopped within its grace
 period, then is removed with grace 0, as the kubelet confirms a deletion: without that a pod bound to a node never
-goes, and a foreground delete never ends. `take_node` is a node taken away (preemption, maintenance): its pods'
-processes are stopped and they end Failed, as GKE's graceful node shutdown leaves them, then the Node is deleted.
+goes, and a foreground delete never ends. `take_node` is a node taken away (preemption, maintenance): its pods get
+the DisruptionTarget condition (reason TerminationByKubelet, as a kubelet's graceful node shutdown sets it from
+Kubernetes 1.26 on), then their processes are stopped and they end Failed, as GKE's graceful node shutdown leaves
+them, then the Node is deleted.
 
 Played, not real: no image pull (the process mode runs this checkout; the container mode needs the image in the
 engine), no probes, volumes or resource limits, restartPolicy OnFailure restarts the container in place, and
@@ -44,6 +46,8 @@ RUN_ANNOTATION = "tpu-emulator.kube/run"  # on a pod: "container" or "process", 
 MARKER = "RUNNER_EMULATOR_POD"  # <pod uid>, in every process of a pod: stopping the pod finds them all
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+DISRUPTION = "DisruptionTarget"  # the pod condition a kubelet sets before it ends a pod for its node
+DISRUPTION_REASON = "TerminationByKubelet"
 ENGINE_EXITS = (125, 126, 127)  # `docker run`/`podman run`: the engine failed, the command cannot run, not found
 
 
@@ -178,6 +182,10 @@ class Kubelet:
             runs = [r for r in self._pods.values() if r.node == name and not r.done.is_set()]
             for run in runs:
                 run.stopping = True
+        for run in runs:
+            # Before the pod is stopped, as a kubelet's graceful node shutdown marks it (Kubernetes 1.26+, GA in
+            # 1.31: PodDisruptionConditions): whoever sees the job stop can tell it was the node's doing.
+            self._write_status(run, None, disruption=DISRUPTION_REASON)
         for run in runs:
             self._kill(run, grace_s)
             self._write_status(run, "Failed", reason=SHUTDOWN_REASON, message=SHUTDOWN_MESSAGE)
@@ -364,9 +372,18 @@ class Kubelet:
 
     # -- status -------------------------------------------------------------------------------------------------
 
-    def _write_status(self, run: PodRun, phase: str, *, reason: str | None = None, message: str | None = None) -> None:
+    def _write_status(
+        self,
+        run: PodRun,
+        phase: str | None,
+        *,
+        reason: str | None = None,
+        message: str | None = None,
+        disruption: str | None = None,
+    ) -> None:
         """Read the pod, write its status with that resourceVersion (a conflict reads again); while the API server
-        is away (restarting) keep trying, as a kubelet does, for up to `status_patience_s`."""
+        is away (restarting) keep trying, as a kubelet does, for up to `status_patience_s`. `disruption`: only the
+        DisruptionTarget condition added, with that reason (phase None: the phase stays)."""
         from kubernetes.client.rest import ApiException
 
         deadline = time.monotonic() + self.status_patience_s
@@ -376,7 +393,15 @@ class Kubelet:
                 if pod.metadata.uid != run.uid or pod.status.phase in ("Succeeded", "Failed"):
                     return
                 body = self.core.api_client.sanitize_for_serialization(pod)
-                body["status"] = self._status(run, phase, body.get("status") or {}, reason, message)
+                if disruption is not None:
+                    status = body.get("status") or {}
+                    condition = {"type": DISRUPTION, "status": "True", "reason": disruption,
+                                 "message": SHUTDOWN_MESSAGE, "lastTransitionTime": _now()}  # fmt: skip
+                    status["conditions"] = [*(status.get("conditions") or []), condition]
+                    body["status"] = status
+                else:
+                    assert phase is not None
+                    body["status"] = self._status(run, phase, body.get("status") or {}, reason, message)
                 self.core.replace_namespaced_pod_status(run.name, run.namespace, body)
                 return
             except ApiException as exc:
@@ -395,7 +420,7 @@ class Kubelet:
         now = _now()
         running = phase == "Running"
         ready = "True" if running else "False"
-        conditions = [c for c in old.get("conditions", []) if c["type"] == "PodScheduled"]
+        conditions = [c for c in old.get("conditions", []) if c["type"] in ("PodScheduled", DISRUPTION)]
         for kind, value in (("Initialized", "True"), ("ContainersReady", ready), ("Ready", ready)):
             conditions.append({"type": kind, "status": value, "lastTransitionTime": now})
         statuses = []

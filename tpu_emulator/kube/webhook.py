@@ -200,6 +200,11 @@ class PodWebhook:
             self._refusals.append(refusal)
         return refusal
 
+    def clear(self) -> None:
+        """Every refusal not used up, forgotten."""
+        with self._lock:
+            self._refusals.clear()
+
     def refusal(self, review: dict[str, Any]) -> dict[str, Any]:
         request = review["request"]
         response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
