@@ -167,6 +167,7 @@ def node_spans(events: Sequence[Event], *, now: float) -> list[Span]:
     ended: Event | None = None  # the provisioned event of the span just closed by a request, until confirmed
     kept = False
     refused = False  # a deletion of the current node failed: a VM's own request (its outcome unknown) ends nothing
+    taken: Event | None = None  # the provisioned event of the span a preemption just closed
 
     def span(provisioned: Event, end: float, ended_by: str, confirmed: bool = False, open: bool = False) -> Span:
         start = min(_ready_at(provisioned), now)
@@ -185,10 +186,15 @@ def node_spans(events: Sequence[Event], *, now: float) -> list[Span]:
         if kind == "provisioned" and event.source == "runner":
             if current is not None:  # a new node with no end seen for the last: it went when this one came
                 spans.append(span(current, event.time, "replaced"))
-            current, ended, kept, refused = event, None, False, False
+            current, ended, kept, refused, taken = event, None, False, False, None
         elif current is not None and kind == "preempted" and event.source == "runner":
             spans.append(span(current, event.time, "preempted"))
-            current, ended = None, None
+            current, ended, taken = None, None, current
+        elif kind == "restarted" and event.source == "runner" and taken is not None and spans:
+            # The platform restarted the job on the machines it has (a JobSet on its node pool): they never stopped
+            # billing (a preempted node's replacement is counted from the preemption: an upper bound).
+            spans.pop()
+            current, taken = taken, None
         elif current is not None and kind in _CLOSE_REQUEST and not (refused and not event.source.startswith("runner")):
             # the runner stopped an attached node's job; that node was never this run's to delete
             spans.append(span(current, event.time, "job stopped" if _attached(current) else "delete requested"))

@@ -137,9 +137,11 @@ def _last(events: Sequence[Event], name: str, source: str | None = None) -> Even
 
 
 def machine_starts(events: Sequence[Event]) -> list[int]:
-    """Where each machine begins in `events` (sorted by time): the runner's first `provisioning`, and each later one
+    """Where each attempt begins in `events` (sorted by time): the runner's first `provisioning`, and each later one
     once the machine before came up (provisioned) or was taken back while it booted (preempted). A `provisioning`
-    after a create that brought no machine (a zone without capacity, a name taken) asks for the same machine again."""
+    after a create that brought no machine (a zone without capacity, a name taken) asks for the same machine again.
+    A `restarted` (the platform restarted the job by itself: a JobSet's next attempt) begins one on the machines it
+    has."""
     starts: list[int] = []
     came = True
     for i, e in enumerate(events):
@@ -149,6 +151,9 @@ def machine_starts(events: Sequence[Event]) -> list[int]:
             if came:
                 starts.append(i)
             came = False
+        elif e.event == "restarted":
+            starts.append(i)
+            came = True
         elif e.event in ("provisioned", "preempted"):
             came = True
     return starts

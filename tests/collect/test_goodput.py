@@ -194,6 +194,49 @@ def test_two_preemptions_each_with_its_steps_redone_and_what_it_cost() -> None:
     assert [d["reached_step"] for d in g.to_json()["disruptions"]] == [150, 230]
 
 
+def test_a_job_the_platform_restarted_on_the_same_machines_is_a_second_attempt() -> None:
+    """A JobSet's node taken away mid-epoch: the JobSet restarts itself on its pool (no new provisioning), and the
+    runner records `restarted`. The restart begins attempt 2: the resume it says is the disruption's."""
+    events = [
+        ev(0, "submitted"),
+        ev(1, "provisioning", handle=NODE),
+        ev(20, "provisioned", handle=NODE),
+        ev(25, "job_started", "worker-0"),
+        ev(30, "framework_imported", "trainer-0"),
+        ev(32, "device_found", "trainer-0"),
+        ev(40, "first_step", "trainer-0"),
+        ev(145, "checkpoint_saved", "trainer-0", seconds=5.0, step=100),
+        ev(195, "checkpoint_saved", "trainer-0", seconds=5.0, step=150),  # the node's grace: an exact save
+        ev(197, "worker_exited", "worker-0", state="cancelled", exit_code=143),
+        ev(200, "preempted", attempt=1, retry=True),
+        ev(210, "restarted", handle=NODE),  # the same pool: nothing deleted, nothing provisioned
+        ev(230, "worker_started", "worker-0"),
+        ev(231, "job_started", "worker-0"),
+        ev(236, "framework_imported", "trainer-0"),
+        ev(238, "device_found", "trainer-0"),
+        ev(245, "resumed_from_checkpoint", "trainer-0", checkpoint="checkpoints/a", step=150, redone=0),
+        ev(250, "first_step", "trainer-0"),
+        ev(350, "checkpoint_saved", "trainer-0", seconds=5.0, step=300),
+        ev(360, "worker_exited", "worker-0", state="succeeded", exit_code=0),
+        ev(365, "teardown_requested", state="succeeded"),
+    ]
+    rows = [row(1, 140, 100, 100), row(2, 240 + 60, 50, 200), row(3, 345, 45, 300)]
+    timeline = build_timeline(events, rows)
+    assert timeline.attempts == 2
+    assert [(a, said.step, said.redone) for a, _, said in timeline.resumes] == [(2, 150, 0)]
+    g = goodput(events, rows, "v5p-8", spot=True)
+    (disruption,) = g.disruptions
+    assert (disruption.kind, disruption.attempt, disruption.reached_step, disruption.resumed_step) == (
+        "preemption",
+        1,
+        150,
+        150,
+    )
+    assert disruption.redone_steps == 0 and disruption.back_after_s == pytest.approx(50)  # 200 -> first step 250
+    assert g.billed_s == pytest.approx(365 - 20)  # the pool bills through the restart: provisioned -> teardown
+    assert startup(events, rows).first_step_s == pytest.approx(40)  # the first attempt's, not the restart's
+
+
 def test_a_multislice_bills_every_slice_and_its_queue_s_wait_is_not_told_apart() -> None:
     """Two v4-16 slices (4 hosts) through one queued resource: its wait for capacity has no event of its end."""
     qr = {"node_id": "ms", "queued_resource": "ms"}
