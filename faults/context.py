@@ -19,6 +19,7 @@ from runner.storage import Storage, open_storage
 from runner.train.checkpoints import Position, parse_name
 
 if TYPE_CHECKING:
+    from faults.cluster import Ground
     from faults.scenario import Scenario
     from tpu_emulator import TpuEmulator
     from tpu_emulator.flaky_proxy import FlakyProxy
@@ -41,6 +42,8 @@ class Ctx:
         self.case, self.emulator, self.proxy, self.home, self.storage_url = case, emulator, proxy, home, storage_url
         self.env = env  # the runner's environment: every `runner` command of the case runs with it
         self.storage_server: StorageServer | None = None  # the storage emulator, to make runners race (hold_writes)
+        self.cluster: Ground | None = None  # a gke case's cluster (faults/cluster.py), and the run's namespace there
+        self.namespace = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.done = threading.Event()
         self.killed_at: float | None = None

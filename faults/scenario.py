@@ -22,6 +22,7 @@ PROJECT = "test-project"
 ZONES = ("us-central1-b", "us-central1-c")
 THIRD_ZONE = "europe-west4-a"  # also offers v2-8 (runner/plan/tpu_catalog.yaml)
 MULTI_HOST_ZONE = "us-central2-b"  # v4 slices, single and multi-host
+GKE_LOCATION, GKE_CLUSTER = "us-central1", "tpu-cluster"  # the gke cases' cluster (faults/cluster.py)
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a registry check that cannot tell
 
 Hook = Callable[["Ctx"], object]  # what a hook returns (a fault it added, say) is not used
@@ -83,6 +84,7 @@ class Scenario:
     teardown: dict[str, Any] = field(default_factory=dict)
     retries: dict[str, Any] = field(default_factory=dict)
     registry: str | None = None  # RUNNER_REGISTRY_ENDPOINT; None: the emulator
+    timings: str = ""  # $RUNNER_TIMINGS the case adds to the suite's (runner.timings: name=value,...)
     setup: tuple[Hook, ...] = ()  # before submit: inject faults, plant nodes
     during: tuple[Hook, ...] = ()  # each in a thread while the runner lives
     after: tuple[Hook, ...] = ()  # once the runner has exited: what finishes the case (`runner down`, gc, a VM alone)
@@ -104,8 +106,15 @@ class Scenario:
     def trains(self) -> bool:
         return isinstance(self.job, Train)
 
-    def spec_yaml(self, storage: str, data: str | None, image: str = IMAGE) -> str:
+    @property
+    def on_cluster(self) -> bool:
+        """A gke case: its JobSet runs on the Kubernetes rehearsal (faults/cluster.py), reached through GKE's API."""
+        return self.backend == "gke"
+
+    def spec_yaml(self, storage: str, data: str | None, image: str = IMAGE, namespace: str = "faults") -> str:
         acc: dict[str, Any] = {"type": self.accelerator, "zones": list(self.zones), "project": PROJECT}
+        if self.on_cluster:
+            acc["cluster"] = {"location": GKE_LOCATION, "name": GKE_CLUSTER, "namespace": namespace}
         if self.slices > 1:
             acc["slices"] = self.slices
         if self.spot:

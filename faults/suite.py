@@ -47,6 +47,7 @@ from runner.errors import StorageError
 from runner.storage import Storage, open_storage
 
 if TYPE_CHECKING:
+    from faults.cluster import Ground
     from runner.launch.engine import Engine
     from tpu_emulator.gcs import StorageServer
     from tpu_emulator.registry import LocalRegistry
@@ -117,8 +118,10 @@ class Suite:
         vm_grace_s: float = 10.0,
         timings: str | None = None,
         storage_server: StorageServer | None = None,
+        cluster: Ground | None = None,
     ) -> None:
         self.workdir = Path(workdir).absolute()
+        self._ground = cluster  # the gke cases' (faults/cluster.py): given, or started on first need
         # The storage emulator, when this suite has it (its own, or the one behind gcs_endpoint): the cases that
         # make two runners race hold its writes (tpu_emulator.gcs.StorageServer.hold_writes).
         self.storage_server = storage_server
@@ -153,6 +156,8 @@ class Suite:
     def __exit__(self, *exc: object) -> None:
         if self._containers is not None:
             self._containers[1].stop()
+        if self._ground is not None and self._ground.owned:
+            self._ground.stop()
         if self._env_before is None:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
         else:
@@ -201,6 +206,16 @@ class Suite:
             self._containers = (found.engine, registry, image)
         return self._containers
 
+    def ground(self) -> Ground:
+        """For the gke cases: the Kubernetes rehearsal and the GKE emulator (faults/cluster.py), started once, on
+        first need; RuntimeError, saying why, where the control plane is not built."""
+        if self._ground is None:
+            from faults.cluster import Ground
+
+            self.say("[faults] starting the Kubernetes rehearsal (API server, etcd, scheduler, controllers)")
+            self._ground = Ground.start(self.workdir / "kube")
+        return self._ground
+
     def runner_env(self, case: Scenario, emulator_endpoint: str, home: Path, proxy_url: str | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "STORAGE_EMULATOR_HOST"}
         registry = self.containers()[1].endpoint if case.container else None
@@ -216,17 +231,22 @@ class Suite:
             PYTHONUNBUFFERED="1",
             PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         )
-        if self.timings:
-            env["RUNNER_TIMINGS"] = self.timings
+        if self.timings or case.timings:
+            env["RUNNER_TIMINGS"] = ",".join(filter(None, (self.timings, case.timings)))
+        if case.on_cluster:
+            env.update(self.ground().env())
         return env
 
     # -- one run ----------------------------------------------------------------------------------------------------
 
     def run_case(self, case: Scenario, index: int = 1) -> RunResult:
         """Run the case once (after its reference run, when it has one) and measure it."""
-        if case.container:
+        if case.container or case.on_cluster:
             try:
-                self.containers()
+                if case.container:
+                    self.containers()
+                if case.on_cluster:
+                    self.ground()
             except (RuntimeError, OSError) as exc:
                 return RunResult(
                     case=case.name,
@@ -281,9 +301,13 @@ class Suite:
         ctx = Ctx(case, emulator, proxy, home, storage_url, env)
         ctx.storage_server = self.storage_server
         ctx.reference = reference
+        if case.on_cluster:
+            ctx.cluster = self.ground()
+            ctx.namespace = ctx.cluster.new_run()
         try:
             spec = where / "job.yaml"
-            spec.write_text(case.spec_yaml(storage_url, self.mnist_url() if case.trains else None, image))
+            data = self.mnist_url() if case.trains else None
+            spec.write_text(case.spec_yaml(storage_url, data, image, namespace=ctx.namespace or "faults"))
             for hook in case.setup:
                 hook(ctx)
             with (where / "runner.out").open("wb") as out:
@@ -333,12 +357,22 @@ class Suite:
 
     def _settle(self, ctx: Ctx, settle_s: float = 30.0) -> int:
         """This run's machines left once it is over, after a short settle (a VM deleting itself, a delete going
-        on): TPU nodes, and on Compute Engine its instances, group, template and workload policy."""
-        ctx.wait_for(lambda: not ctx.own_nodes() and not ctx.own_compute_resources(), timeout=settle_s)
+        on): TPU nodes, on Compute Engine its instances, group, template and workload policy, and on a GKE cluster
+        its node pools, JobSet and pods."""
+
+        def on_cluster() -> list[str]:
+            return ctx.cluster.left_of(ctx.namespace, ctx.run_id) if ctx.cluster is not None else []
+
+        ctx.wait_for(
+            lambda: not ctx.own_nodes() and not ctx.own_compute_resources() and not on_cluster(), timeout=settle_s
+        )
         left = ctx.own_compute_resources()
         if left:
             ctx.problem(f"left on Compute Engine: {', '.join(left)}")
-        return len(ctx.own_nodes()) + len(left)
+        held = on_cluster()
+        if held:
+            ctx.problem(f"left on the GKE cluster: {', '.join(held)}")
+        return len(ctx.own_nodes()) + len(left) + len(held)
 
     def _status(self, ctx: Ctx) -> str:
         if ctx.run_id is None:
@@ -417,6 +451,10 @@ class Suite:
         # Each failed delete operation, one by one: the request that started it did not end the idle time.
         failed = [(op.start, op.target) for op in ctx.operations if op.verb == "delete" and op.failed]
         ctx.idle = idle_intervals(ends, ctx.requests, preempted_at, failed)
+        if ctx.cluster is not None:  # a node pool, from the job's end to its delete
+            from faults.cluster import pool_idle
+
+            ctx.idle = pool_idle(ctx)
         expected = case.expect or "rejected"
         if case.expect is None and exit_code == 2 and ctx.run_id is None:
             got = "rejected"

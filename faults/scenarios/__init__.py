@@ -9,6 +9,7 @@ from faults.scenarios import (
     clocks,
     compute_engine,
     deadlines,
+    gke,
     jax_pod,
     ownership,
     preemption,
@@ -28,6 +29,7 @@ CASES: tuple[Scenario, ...] = (
     *teardown.CASES,
     *clocks.CASES,
     *compute_engine.CASES,
+    *gke.CASES,
     *ownership.CASES,
 )
 
