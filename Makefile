@@ -13,8 +13,9 @@ STAMP := $(VENV)/.installed-stamp
 JOB ?= jobs/mnist.yaml
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): many tests wait on emulated operations, heartbeats and subprocesses, so two share
-# two cores well (a smaller suite took 11 min 31 s with 2, 17 min 55 s with 1, on 2 cores; the 1261 tests of
-# 2026-12-05 take 16 min 20 s with 2 on a quiet machine, 18 min 10 s beside another job, after `make test-images`).
+# two cores well (a smaller suite took 11 min 31 s with 2, 17 min 55 s with 1, on 2 cores; the 1294 tests of
+# 2026-12-05, the gke backend's included, take 16 min 5 s to 17 min 30 s with 2 on a quiet machine, after `make
+# test-images`).
 # 0 runs it in this process.
 # --dist loadgroup keeps the tests that build and run the image together (xdist_group "containers": one build).
 PYTEST_WORKERS ?= 2

@@ -75,8 +75,8 @@ def preempt_one_slice(ctx: Ctx) -> None:
     ctx.preempt(node, at_checkpoint=0, bucket=[])
 
 
-def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
-    """A READY node whose job's progress.json (in the bucket) is in the first half of an epoch, past its first step:
+def mid_epoch_progress(ctx: Ctx) -> dict[str, Any] | None:
+    """The bucket's progress.json while it shows the first half of an epoch before the last, past its first step:
     the bucket's copy is up to a sync interval (5 s) behind the trainer, which is then still inside that epoch."""
     progress = ctx.read_json("progress.json")
     if not isinstance(progress, dict):
@@ -84,8 +84,14 @@ def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
     step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
     if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
         return None
-    node = ctx.ready_node()
-    return (node, progress) if node else None
+    return progress
+
+
+def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
+    """A READY node whose job is in the middle of an epoch (mid_epoch_progress)."""
+    progress = mid_epoch_progress(ctx)
+    node = ctx.ready_node() if progress is not None else None
+    return (node, progress) if node and progress is not None else None
 
 
 def preempt_mid_epoch(ctx: Ctx) -> None:
@@ -393,14 +399,9 @@ def ce_preempt_mid_epoch(ctx: Ctx) -> None:
     before the last (as preempt_mid_epoch does for a TPU node)."""
 
     def found() -> tuple[str, dict[str, Any]] | None:
-        progress = ctx.read_json("progress.json")
-        if not isinstance(progress, dict):
-            return None
-        step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
-        if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
-            return None
-        name = ctx.running_instance()
-        return (name, progress) if name else None
+        progress = mid_epoch_progress(ctx)
+        name = ctx.running_instance() if progress is not None else None
+        return (name, progress) if name and progress is not None else None
 
     hit = ctx.wait_for(found, timeout=ctx.case.timeout_s, interval=0.2)
     if hit is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faults.actions import mid_epoch_progress, runner_down
 from faults.measure import Idle
 from faults.scenario import GKE_CLUSTER as CLUSTER
 from faults.scenario import GKE_LOCATION as LOCATION
@@ -154,15 +155,10 @@ def pool_idle(ctx: Ctx) -> list[Idle]:
 
 
 def _mid_epoch(ctx: Ctx) -> tuple[Any, dict[str, Any]] | None:
-    """The run's Running pod once the bucket's progress.json is in the first half of an epoch before the last."""
-    progress = ctx.read_json("progress.json")
-    if not isinstance(progress, dict):
-        return None
-    step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
-    if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
-        return None
-    pod = ground(ctx).running_pod(ctx.namespace)
-    return (pod, progress) if pod is not None else None
+    """The run's Running pod while its job is in the middle of an epoch (actions.mid_epoch_progress)."""
+    progress = mid_epoch_progress(ctx)
+    pod = ground(ctx).running_pod(ctx.namespace) if progress is not None else None
+    return (pod, progress) if pod is not None and progress is not None else None
 
 
 def take_node_mid_epoch(ctx: Ctx) -> None:
@@ -285,8 +281,6 @@ def every_delete_refused(ctx: Ctx) -> None:
 
 def lift_then_down(ctx: Ctx) -> None:
     """After: the pool bills on; what the run said is kept, the fault lifted, and `runner down RUN` deletes it."""
-    from faults.actions import runner_down
-
     ctx.numbers["left_after_run"] = ground(ctx).left_of(ctx.namespace, ctx.run_id)
     ground(ctx).gke.faults.clear()
     runner_down(ctx)

@@ -281,6 +281,12 @@ def suite(storage_emulator, tmp_path: Path, mnist_npz: Path):  # type: ignore[no
     [c.name for c in CASES if c.fast and not c.on_cluster],  # the gke rows: tests/backends/gke/test_fault_rows.py
 )
 def test_quick_case_ends_as_expected_and_leaks_nothing(suite, name: str) -> None:  # type: ignore[no-untyped-def]
+    result = run_quick_case(suite, name)
+    assert all(v is not None for v in result.idle_s), "a node was never deleted"
+
+
+def run_quick_case(suite: Suite, name: str) -> RunResult:
+    """The case once, held to what every quick case is (its state and exit code, no problem, nothing leaked)."""
     case = case_named(name)
     result = suite.run_case(case)
     print(table.report([result]))
@@ -288,8 +294,8 @@ def test_quick_case_ends_as_expected_and_leaks_nothing(suite, name: str) -> None
     problems = [p for p in result.problems if f"goal <= {table.IDLE_GOAL_S:.0f}s" not in p]
     assert (result.got, result.exit_code, problems) == (case.expect or "rejected", case.exit, [])
     assert result.nodes_leaked == 0
-    assert all(v is not None for v in result.idle_s), "a node was never deleted"
     assert json.loads((suite.workdir / f"{name}-1" / "result.json").read_text())["case"] == name
+    return result
 
 
 # `preemption-x2` (two spot preemptions: no checkpoint lost, no step or epoch trained twice) runs only in
