@@ -104,6 +104,7 @@ class Kubelet:
         self.status_patience_s = status_patience_s
         self._lock = threading.Lock()
         self._nodes: set[str] = set()
+        self._parked: dict[str, dict[str, Any]] = {}  # node not seen yet -> its pods by uid, as last told
         self._pods: dict[str, PodRun] = {}
         self._coordinators: dict[tuple[str, str], str] = {}  # (JobSet uid, restart attempt) -> host:port
         self.started = 0
@@ -148,14 +149,26 @@ class Kubelet:
         with self._lock:
             if kind == "DELETED":
                 self._nodes.discard(node.metadata.name)
+                self._parked.pop(node.metadata.name, None)
             else:
                 self._nodes.add(node.metadata.name)
         if kind == "DELETED":
             self._node_gone(node.metadata.name, grace_s=0.0)
+        else:
+            self._unpark({node.metadata.name})
 
     def _sync_nodes(self, items: list[Any]) -> None:
         with self._lock:
             self._nodes = {n.metadata.name for n in items}
+        self._unpark({n.metadata.name for n in items})
+
+    def _unpark(self, names: set[str]) -> None:
+        """Pods bound to a node before this kubelet saw the node (its two watches are apart): handled now, as a
+        kubelet that registers finds the pods already bound to it."""
+        with self._lock:
+            pods = [pod for name in names for pod in self._parked.pop(name, {}).values()]
+        for pod in pods:
+            self._on_pod("MODIFIED", pod)
 
     def kill_pod(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> bool:
         """A pod's processes killed (the OOM killer, a crash): the pod ends Failed with 128 + sig. False when the
@@ -201,7 +214,14 @@ class Kubelet:
     def _on_pod(self, kind: str, pod: Any) -> None:
         node = pod.spec.node_name
         with self._lock:
-            if not node or node not in self._nodes:
+            if node and node not in self._nodes:  # not seen yet: kept, the newest word on it, for when it is
+                parked = self._parked.setdefault(node, {})
+                if kind == "DELETED":
+                    parked.pop(pod.metadata.uid, None)
+                else:
+                    parked[pod.metadata.uid] = pod
+                return
+            if not node:
                 return
             run = self._pods.get(pod.metadata.uid)
         if kind == "DELETED":
