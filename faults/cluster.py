@@ -207,16 +207,16 @@ def restart_api_server_while_running(ctx: Ctx) -> None:
     ctx.note(f"the API server was away {away:.1f}s (watches expired first)")
 
 
-def expire_watches_while_running(ctx: Ctx, for_s: float = 8.0) -> None:
-    """Once the job runs, etcd compacted every half second for `for_s` (or until the job ends): a watch renewed
-    from a resourceVersion seen before a compaction is 410 Gone. (One compaction may not do: a write the watch sees
-    after it, a status the JobSet controller updates, moves the watch past it.)"""
+def expire_watches_while_running(ctx: Ctx) -> None:
+    """Once the job runs, etcd compacted every half second until the job ends: a watch renewed from a
+    resourceVersion seen before a compaction is 410 Gone, whenever the renewal comes. (One compaction may not do: a
+    write the watch sees after it, a status the JobSet controller updates, moves the watch past it.)"""
     cluster = ground(ctx)
     if ctx.wait_for(lambda: cluster.running_pod(ctx.namespace), timeout=ctx.case.timeout_s) is None:
         ctx.problem("never saw the job's pod Running: no watch expired")
         return
     store = ctx.storage()
-    deadline, revisions = time.monotonic() + for_s, []
+    deadline, revisions = time.monotonic() + ctx.case.timeout_s, []
     while time.monotonic() < deadline and not ctx.done.is_set() and not (store and store.list("exit/")):
         revisions.append(cluster.kube.cluster.expire_watches())
         time.sleep(0.5)

@@ -10,6 +10,9 @@ and the node pool deleted within the idle goal of the job's end."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from faults import actions, checks
 from faults import cluster as gke
 from faults.scenario import Command, Scenario, Train
@@ -25,6 +28,11 @@ def _ticks(n: int) -> Command:
     )
 
 
+def _case(*args: Any, **kwargs: Any) -> Scenario:
+    """A gke case: a v5p-8 node pool the run creates, in ZONES."""
+    return replace(Scenario(*args, **kwargs), accelerator=TYPE, backend="gke", zones=ZONES)
+
+
 # Waits for the job to be seen started, then SIGKILLs its supervisor (the pod's main process): the container ends 137.
 KILL_SUPERVISOR = "import os, signal, time\ntime.sleep(3)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(60)"
 
@@ -33,30 +41,24 @@ KILL_SUPERVISOR = "import os, signal, time\ntime.sleep(3)\nos.kill(os.getppid(),
 MID_EPOCH = Train(epochs=3, examples=49920, batch_size=16, test_examples=10000)
 
 CASES = (
-    Scenario(
+    _case(
         "gke-node-taken-mid-epoch",
         "GKE: a Spot node taken away mid-epoch (v5p-8 pool)",
         "succeeded",
         0,
         job=MID_EPOCH,
         spot=True,
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         during=(gke.take_node_mid_epoch,),
         checks=(checks.preemptions(1), gke.restarted(2), gke.steps_redone(0), checks.lost_work),
     ),
     # The job's process killed once a checkpoint is in the bucket: a failure, not a preemption (retries.failures),
     # which the JobSet restarts too; the job resumes from its newest checkpoint.
-    Scenario(
+    _case(
         "gke-pod-killed",
         "GKE: the job's pod killed (SIGKILL) after its first checkpoint",
         "succeeded",
         0,
         job=MID_EPOCH,
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         retries={"failures": 1},
         during=(gke.kill_pod_after_first_checkpoint,),
         checks=(gke.restarted(2), gke.said("the job resumes from its newest checkpoint")),
@@ -64,87 +66,69 @@ CASES = (
     # The same without retries.failures (the default, 0), at a command's size: the container killed outright (its
     # supervisor SIGKILLed: no exit record of its own). The runner records the end from the pod's status and ends
     # the run failed, deleting the JobSet: the JobSet's own restarts must not run the job again behind its back.
-    Scenario(
+    _case(
         "gke-container-killed",
         "GKE: the job's container killed outright, no retries.failures",
         "failed",
         6,
         job=Command(("python", "-c", KILL_SUPERVISOR)),
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         checks=(
             gke.said("worker 0: its container ended", "(137) before the job wrote its exit record"),
             gke.restarted(0),
         ),
         fast=True,
     ),
-    Scenario(
+    _case(
         "gke-api-server-restart",
         "GKE: the API server restarted mid-run (watches expired first)",
         "succeeded",
         0,
         job=_ticks(12),
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         during=(gke.restart_api_server_while_running,),
         checks=(gke.said("tick 11", "was resumed after"),),
         fast=True,
     ),
     # The first create is answered 409 ABORTED (a concurrent change); then, while a control-plane upgrade runs,
     # GKE refuses node pool changes (FAILED_PRECONDITION): the runner asks again, in the same zone, once it is done.
-    Scenario(
+    _case(
         "gke-409-cluster-busy",
         "GKE: 409 on the node pool create, then the cluster busy with an upgrade",
         "succeeded",
         0,
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         setup=(gke.busy_cluster(4.0),),
         checks=(gke.pool_creates(ZONES[:1]), gke.said("incompatible operation", "asking again when it is done")),
         fast=True,
     ),
-    # The watch is renewed every 2 s (cluster_watch_s); etcd compacted under it for 8 s, a renewal is 410 Gone and
-    # the watch lists again.
-    Scenario(
+    # The watch is renewed every 2 s (cluster_watch_s); etcd compacted under it while the job runs: a renewal is
+    # 410 Gone and the watch lists again.
+    _case(
         "gke-watch-expired",
         "GKE: the watch's resourceVersion expires (410 Gone) mid-run",
         "succeeded",
         0,
         job=_ticks(12),
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         timings="cluster_watch_s=2",
         during=(gke.expire_watches_while_running,),
         checks=(gke.said("tick 11", "after 410 Gone"),),
         fast=True,
     ),
-    Scenario(
+    _case(
         "gke-stockout-first-zone",
         "GKE: node pool stockout in the first zone",
         "succeeded",
         0,
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         setup=(gke.stockout_in(ZONES[0]),),
         checks=(gke.pool_creates(ZONES), gke.said("GCE_STOCKOUT", f"{ZONES[0]}: no capacity for {TYPE}")),
         fast=True,
     ),
     # The runner dies while the job runs; the job goes on to its end on the cluster, then `runner gc` deletes the
     # JobSet and the node pool (their run is over: its exit record is in the run directory).
-    Scenario(
+    _case(
         "gke-runner-kill",
         "GKE: runner SIGKILL while the job runs, then `runner gc`",
         "succeeded",
         -9,
         job=_ticks(8),
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         during=(actions.kill_runner_after("the job's pod Running", gke.job_pod_running),),
         after=(gke.gc_once_over,),
         checks=(gke.gc_swept,),
@@ -153,14 +137,11 @@ CASES = (
     ),
     # The JobSet's first delete is refused (an admission webhook) and every node pool delete fails: the run says
     # what bills and how to delete it, and `runner down` deletes it once the fault is lifted.
-    Scenario(
+    _case(
         "gke-delete-fails",
         "GKE: the JobSet's delete refused once, every node pool delete failing",
         "succeeded",
         5,
-        accelerator=TYPE,
-        backend="gke",
-        zones=ZONES,
         setup=(gke.every_delete_refused,),
         after=(gke.lift_then_down,),
         checks=(gke.left_and_how_to_delete, gke.said("refused once", "asking again")),

@@ -272,7 +272,8 @@ class GkeBackend(Backend[GkeHandle]):
         with self._lock:
             if self._followed.get(key) != attempt:
                 return  # not the attempt the run follows: an older one's end is over, a newer one's is not yet
-        ended = watch.ended_in(attempt)
+        with self._lock:  # every status read comes here: the run directory is opened only for a new end
+            ended = [e for e in watch.ended_in(attempt) if (*key, attempt, e.slice, e.host) not in self._recorded]
         with watch.lock:
             js = watch.jobset
         run_dir = ((js or {}).get("metadata", {}).get("annotations") or {}).get(RUN_DIR_ANNOTATION)
@@ -282,9 +283,6 @@ class GkeBackend(Backend[GkeHandle]):
         store = open_storage(run_dir)
         for end in ended:
             done = (*key, attempt, end.slice, end.host)
-            with self._lock:
-                if done in self._recorded:
-                    continue
             worker = end.slice * hosts + end.host
             why = f"its container ended {end.reason} ({end.exit_code}) before the job wrote its exit record"
             record = ExitRecord(worker, RunState.FAILED, end.exit_code, time.time(), error=why)
