@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,32 +101,47 @@ def plan_for(
     )
 
 
-def compile_cache(root: Path | None = None) -> Path | None:
-    """Point JAX's persistent compilation cache at the start-up cache (`root`, else startcache.cache_dir()). JAX
-    decides at its first compile whether a process uses the cache, and Keras compiles small programs as it starts,
-    so this sets JAX's variables before JAX is imported (its configuration, when it already is). None, and JAX's
-    own default, when the user chose a directory (JAX_COMPILATION_CACHE_DIR) or this one cannot be written."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return None
-    directory = (root or startcache.cache_dir()) / "jax"
+CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+
+
+def compile_cache_env(environ: Mapping[str, str], root: Path | None = None) -> dict[str, str]:
+    """JAX's persistent compilation cache in the start-up cache (`root`, else startcache.cache_dir(environ)), as the
+    variables JAX reads when it is imported: what the supervisor adds to every job's environment, so a user's own
+    JAX code loads the programs an earlier run on this machine compiled, as the built-in engine does. Nothing when
+    the environment already names a cache directory (the user's choice) or this one cannot be written."""
+    if environ.get(CACHE_DIR_ENV):
+        return {}
+    directory = (root or startcache.cache_dir(environ)) / "jax"
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return None
+        return {}
     if not os.access(directory, os.W_OK):
+        return {}
+    return {CACHE_DIR_ENV: str(directory), MIN_COMPILE_ENV: str(CACHE_MIN_COMPILE_S)}
+
+
+def compile_cache(root: Path | None = None) -> Path | None:
+    """The start-up cache's compilation cache for this process (the built-in engine), the directory whose hits it
+    says: set before JAX is imported (JAX decides at its first compile whether a process uses the cache, and Keras
+    compiles small programs as it starts), in JAX's configuration when it already is. Usually the supervisor has
+    set it already (compile_cache_env). None when the user chose another directory or this one cannot be written."""
+    ours = (root or startcache.cache_dir()) / "jax"
+    chosen = os.environ.get(CACHE_DIR_ENV)
+    if chosen:
+        return ours if Path(chosen) == ours else None
+    settings = compile_cache_env(os.environ, root)
+    if not settings:
         return None
-    settings: dict[str, Any] = {
-        "jax_compilation_cache_dir": str(directory),
-        "jax_persistent_cache_min_compile_time_secs": CACHE_MIN_COMPILE_S,
-    }
     for name, value in settings.items():
-        os.environ.setdefault(name.upper(), str(value))
+        os.environ.setdefault(name, value)
     if "jax" in sys.modules:
         import jax
 
-        for name, value in settings.items():
-            jax.config.update(name, value)
-    return directory
+        jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_DIR_ENV])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_ENV]))
+    return ours
 
 
 def say_cache_hits(jax: Any, directory: Path) -> None:

@@ -132,6 +132,12 @@ class Supervisor:
         ctx = contract.JobContext.from_env({**env, contract.OUTPUT_DIR: str(self.output)})
         env.update(ctx.env())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Every job's JAX (the built-in engine's and a user's own) keeps what it compiles in the start-up cache: a
+        # later run on this machine loads the programs instead of compiling them again.
+        from runner.train.jaxperf import compile_cache_env
+
+        for name, value in compile_cache_env(env).items():
+            env.setdefault(name, value)
         if contract.cluster(env) is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB_PATH), env.get("PYTHONPATH")]))
         return env

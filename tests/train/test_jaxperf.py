@@ -69,5 +69,7 @@ def test_the_compile_cache_is_the_start_up_caches_unless_the_user_chose_one(tmp_
         None,
         {"JAX_COMPILATION_CACHE_DIR": "/mine"},
     ]
+    ours = str(tmp_path / "startup" / "jax")  # set by the supervisor (jaxperf.compile_cache_env): still ours
+    assert run(tmp_path / "startup", JAX_COMPILATION_CACHE_DIR=ours)[::2] == [ours, {"JAX_COMPILATION_CACHE_DIR": ours}]
     (tmp_path / "file").write_text("")
     assert run(tmp_path / "file")[::2] == [None, {}]  # a file where the folder would be: no cache, the run goes on

@@ -336,3 +336,38 @@ def test_the_log_is_stored_clean_and_the_live_output_keeps_the_redraws(tmp_path:
     assert (Path(run_dir) / contract.log_key(0)).read_text() == "3/3 - loss: 0.6\ndone\n"
     record = json.loads((Path(run_dir) / contract.exit_key(0)).read_text())
     assert record["tail"] == ["3/3 - loss: 0.6", "done"]
+
+
+# A user's own JAX code, untouched: it compiles one program and says how many were loaded from JAX's persistent
+# cache instead of compiled (JAX's own monitoring event).
+JAX_JOB = (
+    "import jax, jax.numpy as jnp, os\n"
+    "hits = []\n"
+    "jax.monitoring.register_event_listener(lambda e, **_: hits.append(e) if e.endswith('/cache_hits') else None)\n"
+    "jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((256, 256))).block_until_ready()\n"
+    "print('cache', os.environ.get('JAX_COMPILATION_CACHE_DIR'), 'hits', len(hits))\n"
+)
+
+
+def test_a_users_jax_job_loads_what_an_earlier_run_here_compiled(tmp_path: Path) -> None:
+    """Every job's JAX keeps its compiled programs in the start-up cache (RUNNER_CACHE_DIR), not only the built-in
+    engine's: the second run of the same code loads the program instead of compiling it; a cache the user named
+    for JAX is theirs and left as it is."""
+    cache = tmp_path / "startup"
+    command = [sys.executable, "-c", JAX_JOB]
+    extra = {contract.CACHE_DIR: str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    said = []
+    for attempt in ("first", "second"):
+        result = run_worker(worker_env(str(tmp_path / attempt), command, **extra))
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        said.append(next(line.split() for line in result.stdout.splitlines() if line.startswith("cache ")))
+    assert [(where, hits == "0") for _, where, _, hits in said] == [
+        (str(cache / "jax"), True),
+        (str(cache / "jax"), False),
+    ]
+    kept = sorted((cache / "jax").iterdir())
+    assert kept
+    mine = tmp_path / "mine"
+    result = run_worker(worker_env(str(tmp_path / "third"), command, **extra, JAX_COMPILATION_CACHE_DIR=str(mine)))
+    assert f"cache {mine} hits 0" in result.stdout, result.stdout[-2000:]
+    assert list(mine.iterdir()) and sorted((cache / "jax").iterdir()) == kept
