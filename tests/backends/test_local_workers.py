@@ -231,8 +231,8 @@ def test_a_worker_killed_whole_is_lost_and_ends_the_run(
     tmp_path: Path, runner_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGKILL to a worker's supervisor (a host gone): no exit record; its heartbeat stops, and the run ends."""
-    # Heartbeats come every 10 s: a worker is lost once its heartbeat stood still for 15.
-    monkeypatch.setenv("RUNNER_TIMINGS", "worker_stale_s=15,machine_status_every_s=0.5")
+    # Heartbeats every 0.5 s: a worker is lost once its heartbeat stood still for 5 (ten of them).
+    monkeypatch.setenv("RUNNER_TIMINGS", "job_heartbeat_s=0.5,worker_stale_s=5,machine_status_every_s=0.5")
     job = command_job(tmp_path, "import time; print('started', flush=True); time.sleep(120)")
     proc = subprocess.Popen(
         [*RUNNER, "submit", str(job), "--local", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
