@@ -4,6 +4,7 @@ editable install, which would never notice a file left out of the package."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -55,6 +56,7 @@ def test_the_installed_wheel_dry_runs_a_tpu_vm_job(wheel_env: Path, tmp_path: Pa
     where = subprocess.run(
         [str(wheel_env / "bin" / "python"), "-c", "import runner; print(runner.__file__)"],
         cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # a checkout on the path is not the wheel
         capture_output=True,
         text=True,
         check=True,
