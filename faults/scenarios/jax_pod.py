@@ -1,6 +1,6 @@
 """A JAX/Orbax job on a pod slice (examples/flax_mnist on a Spot v4-16, 2 hosts): its checkpoints in the one location
 both hosts write (RUNNER_SHARED_CHECKPOINT_DIR, in the bucket), preempted once a step is committed there. Both hosts
-stop at the step JAX's preemption sync agrees on and save it, and the recreated slice goes on from it: the attempts
+stop at the step they agree on (jax_loop) and save it, and the recreated slice goes on from it: the attempts
 together train the uninterrupted run's optimizer steps."""
 
 from __future__ import annotations

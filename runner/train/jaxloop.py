@@ -18,11 +18,14 @@ In a run (RUNNER_RUN_DIR set, as in every job the runner starts) that gives the 
     breakdown of status and the report);
   * progress.json (step() every few seconds: status, the ETA, the hang check) and metrics.jsonl (log()), through
     runner.metrics, from worker 0;
-  * the stop: on several processes, the step JAX's preemption sync agrees on once a SIGTERM reached any host
-    (multihost_utils.reached_preemption_sync_point, asked once per step, after jax.distributed.initialize());
-    in one process, the step at which its SIGTERM arrived. The CheckpointManager saves that step whatever its
-    interval (its reached_preemption() answers it), and step() waits for the save and ends the process with 143,
-    so the run reads as stopped, and is resumed;
+  * the stop: on several processes, the step they agree on once a SIGTERM reached any host, at the agreement
+    points every process takes at the same steps, about a second apart (runner.train.agreement, as a Keras fit on
+    several workers does: one all-gather of a few ints through jax.distributed); in one process, the step at which
+    its SIGTERM arrived. The CheckpointManager saves that step whatever its interval (its reached_preemption()
+    answers it), and step() waits for the save and ends the process with 143, so the run reads as stopped, and is
+    resumed. (Not JAX's preemption sync: it sets the agreed step from the step each host last reached when the
+    notice came, and a host that has already passed it when the agreement lands, as a host held up reaching the
+    next collective lets another do, never stops there while the others save it, and all of them wait.)
   * a CheckpointManager (orbax.checkpoint's, subclassed) in the run's checkpoint location: on several hosts the
     one they all write, RUNNER_SHARED_CHECKPOINT_DIR (a multi-host Orbax checkpoint is written by every host into
     one directory, and host 0 commits it); on one host, RUNNER_CHECKPOINT_DIR, which a new machine gets back. It
@@ -61,8 +64,9 @@ class JaxLoop:
         self.ctx = contract.JobContext.from_env(env)
         self.keep = int(env.get(contract.CHECKPOINT_KEEP) or DEFAULT_KEEP)
         self.manager: Any = None
-        self.signum: int | None = None  # the signal that stops a single process
-        self.synced = False  # the processes agree on the stop's step (JAX's preemption sync)
+        self.signum: int | None = None  # the signal that came to this process
+        self.synced = False  # the processes agree on the stop's step (runner.train.agreement)
+        self._agreement: Any = None
         self._asked: tuple[int, bool] | None = None  # (step, stop there?): asked once per step
         self._first_step = False
         self._written = float("-inf")
@@ -74,18 +78,29 @@ class JaxLoop:
         milestones.emit(FRAMEWORK_IMPORTED, framework="jax", version=jax.__version__)
         if self.ctx.num_workers > 1 and not jax.distributed.is_initialized():
             jax.distributed.initialize()
-        self.synced = jax.distributed.is_initialized()
         devices = jax.devices()
         where = f"{len(devices)} {devices[0].platform} device(s) in {jax.process_count()} process(es)"
         milestones.emit(DEVICE_FOUND, devices=where)
         self._milestones = milestones
-        if not self.synced:  # several processes: JAX's preemption notifier takes SIGTERM, and agrees on the step
-            signal.signal(signal.SIGTERM, self._on_signal)
+        if jax.process_count() > 1:
+            from runner.train.agreement import Agreement, jax_sum
+
+            self._agreement = Agreement(jax_sum, jax.process_count())
+            self.synced = True
+        # Ours, not JAX's preemption notifier (which jax.distributed.initialize() set on SIGTERM): see the docstring.
+        signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.signum is None:
             self.signum = signum
-            print(f"[runner] {signal.Signals(signum).name}: stopping at the next step", flush=True)
+            where = "at the step the processes agree on" if self.synced else "at the next step"
+            print(f"[runner] {signal.Signals(signum).name}: stopping {where}", flush=True)
+
+    def adopt(self, signum: int) -> None:
+        """Another process got `signum` (runner.train.agreement): stop with it, as if it came here."""
+        if self.signum is None:
+            self.signum = signum
+            print(f"[runner] another process got {signal.Signals(signum).name}: stopping with it", flush=True)
 
     @property
     def multi_host(self) -> bool:
@@ -98,18 +113,14 @@ class JaxLoop:
 
     def stopping(self, step: int) -> bool:
         """Whether the loop stops at `step` (the step every process agreed on, or the one a SIGTERM reached first);
-        asked once per step, whoever asks first (the CheckpointManager's save, or step())."""
+        asked once per step, whoever asks first (the CheckpointManager's save, or step()), so that each process takes
+        the agreement's collective at the same steps."""
         if not self.active:
             return False
         if self._asked is not None and self._asked[0] == step:
             return self._asked[1]
-        if self.synced:
-            from jax.experimental import multihost_utils
-
-            try:
-                stop = bool(multihost_utils.reached_preemption_sync_point(step))
-            except RuntimeError:  # the preemption service is off (jax_enable_preemption_service): no agreed stop
-                stop = False
+        if self._agreement is not None:  # a collective at each agreement point: every process asks at each step
+            stop = self._agreement.step() and self._agreement.decide(self, save_due=False, mid_epoch=True)[0]
         else:
             stop = self.signum is not None
         self._asked = (step, stop)
