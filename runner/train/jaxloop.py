@@ -43,6 +43,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -67,7 +68,8 @@ class JaxLoop:
         self.signum: int | None = None  # the signal that came to this process
         self.synced = False  # the processes agree on the stop's step (runner.train.agreement)
         self._agreement: Any = None
-        self._asked: tuple[int, bool] | None = None  # (step, stop there?): asked once per step
+        self._asked = -1  # the newest step asked about
+        self._stop_at: int | None = None  # the step the loop stops at, once decided
         self._first_step = False
         self._written = float("-inf")
         if not self.active:
@@ -114,16 +116,21 @@ class JaxLoop:
     def stopping(self, step: int) -> bool:
         """Whether the loop stops at `step` (the step every process agreed on, or the one a SIGTERM reached first);
         asked once per step, whoever asks first (the CheckpointManager's save, or step()), so that each process takes
-        the agreement's collective at the same steps."""
+        the agreement's collective at the same steps; asked again about a step, the answer it had."""
         if not self.active:
             return False
-        if self._asked is not None and self._asked[0] == step:
-            return self._asked[1]
+        # Only a newer step, from the loop's own thread, counts: Orbax's CheckpointManager also asks about a step it
+        # has saved when it finalizes it, on the primary host alone and in a thread of its own, and a collective
+        # taken there would leave the hosts' agreement points apart.
+        if step <= self._asked or threading.current_thread() is not threading.main_thread():
+            return step == self._stop_at
         if self._agreement is not None:  # a collective at each agreement point: every process asks at each step
             stop = self._agreement.step() and self._agreement.decide(self, save_due=False, mid_epoch=True)[0]
         else:
             stop = self.signum is not None
-        self._asked = (step, stop)
+        self._asked = step
+        if stop:
+            self._stop_at = step
         return stop
 
     def checkpoint_manager(self, directory: Any = None, options: Any = None, **kwargs: Any) -> Any:
