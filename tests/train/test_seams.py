@@ -4,6 +4,8 @@ each way Keras iterates the data, and which inputs can be replayed at all. Real 
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,8 +64,21 @@ def test_arrays_in_any_container_count_as_arrays() -> None:
         assert (data.kind, data.examples, data.batches) == (seams.ARRAYS, 5, 3)
 
 
-def test_datasets_are_read_for_what_makes_them_differ_between_iterations() -> None:
+@pytest.fixture
+def tf_seedless() -> Iterator[Any]:
+    """TensorFlow with no global seed, as a run whose code sets none starts (an earlier test in this process may have
+    set one: Keras' set_random_seed does), and the global seed put back afterwards."""
     tf = pytest.importorskip("tensorflow")
+    from tensorflow.python.eager import context
+
+    before = context.global_seed()
+    tf.random.set_seed(None)
+    yield tf
+    tf.random.set_seed(before)
+
+
+def test_datasets_are_read_for_what_makes_them_differ_between_iterations(tf_seedless: Any) -> None:
+    tf = tf_seedless
     base = tf.data.Dataset.range(100)
     cases = {
         "plain": (base.batch(10), True),
@@ -82,3 +97,5 @@ def test_datasets_are_read_for_what_makes_them_differ_between_iterations() -> No
         assert (data.kind, data.deterministic) == (seams.DATASET, expected)
         replay = seams.plan_replay(KERAS3_TF, data, (1, 3), 10)
         assert replay.exact is expected and replay.start == ((1, 3) if expected else (1, 0)), name
+    tf.random.set_seed(7)  # a global seed gives a shuffle without its own a fixed one: the same order every time
+    assert seams.dataset_determinism(base.shuffle(100, reshuffle_each_iteration=False).batch(10)) == (True, "")
