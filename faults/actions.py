@@ -7,11 +7,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from faults.context import Ctx
 from faults.scenario import PROJECT, ZONES, Hook, Train
 from runner.train.checkpoints import Position
+
+T = TypeVar("T")
 
 # -- preemption -------------------------------------------------------------------------------------------------
 
@@ -75,28 +77,23 @@ def preempt_one_slice(ctx: Ctx) -> None:
     ctx.preempt(node, at_checkpoint=0, bucket=[])
 
 
-def mid_epoch_progress(ctx: Ctx) -> dict[str, Any] | None:
-    """The bucket's progress.json while it shows the first half of an epoch before the last, past its first step:
-    the bucket's copy is up to a sync interval (5 s) behind the trainer, which is then still inside that epoch."""
+def at_mid_epoch(ctx: Ctx, locate: Callable[[], T | None]) -> tuple[T, dict[str, Any]] | None:
+    """What `locate` finds (the job's node, instance or pod) and the bucket's progress.json, while that shows the
+    first half of an epoch before the last, past its first step: the bucket's copy is up to a sync interval (5 s)
+    behind the trainer, which is then still inside that epoch."""
     progress = ctx.read_json("progress.json")
     if not isinstance(progress, dict):
         return None
     step, steps = int(progress.get("step") or 0), int(progress.get("steps_per_epoch") or 0)
     if not 0 < step < steps / 2 or int(progress.get("epoch") or 0) >= int(progress.get("epochs") or 0):
         return None
-    return progress
-
-
-def _mid_epoch(ctx: Ctx) -> tuple[str, dict[str, int]] | None:
-    """A READY node whose job is in the middle of an epoch (mid_epoch_progress)."""
-    progress = mid_epoch_progress(ctx)
-    node = ctx.ready_node() if progress is not None else None
-    return (node, progress) if node and progress is not None else None
+    found = locate()
+    return None if found is None else (found, progress)
 
 
 def preempt_mid_epoch(ctx: Ctx) -> None:
     """Preempt once the bucket's progress.json shows the job in the middle of an epoch (0 < step < steps/epoch)."""
-    found = ctx.wait_for(lambda: _mid_epoch(ctx), timeout=ctx.case.timeout_s, interval=0.2)
+    found = ctx.wait_for(lambda: at_mid_epoch(ctx, ctx.ready_node), timeout=ctx.case.timeout_s, interval=0.2)
     if found is None:
         ctx.problem("never saw progress.json in the middle of an epoch on a READY node: no preemption")
         return
@@ -397,13 +394,7 @@ def billing_shown_then_down(ctx: Ctx) -> None:
 def ce_preempt_mid_epoch(ctx: Ctx) -> None:
     """Preempt the run's Spot instance once the bucket's progress.json shows its job in the first half of an epoch
     before the last (as preempt_mid_epoch does for a TPU node)."""
-
-    def found() -> tuple[str, dict[str, Any]] | None:
-        progress = mid_epoch_progress(ctx)
-        name = ctx.running_instance() if progress is not None else None
-        return (name, progress) if name and progress is not None else None
-
-    hit = ctx.wait_for(found, timeout=ctx.case.timeout_s, interval=0.2)
+    hit = ctx.wait_for(lambda: at_mid_epoch(ctx, ctx.running_instance), timeout=ctx.case.timeout_s, interval=0.2)
     if hit is None:
         ctx.problem("never saw progress.json in the middle of an epoch on a RUNNING instance: no preemption")
         return

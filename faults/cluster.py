@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faults.actions import mid_epoch_progress, runner_down
+from faults.actions import at_mid_epoch, runner_down
 from faults.measure import Idle
 from faults.scenario import GKE_CLUSTER as CLUSTER
 from faults.scenario import GKE_LOCATION as LOCATION
@@ -154,17 +154,14 @@ def pool_idle(ctx: Ctx) -> list[Idle]:
 # -- verbs -------------------------------------------------------------------------------------------------------
 
 
-def _mid_epoch(ctx: Ctx) -> tuple[Any, dict[str, Any]] | None:
-    """The run's Running pod while its job is in the middle of an epoch (actions.mid_epoch_progress)."""
-    progress = mid_epoch_progress(ctx)
-    pod = ground(ctx).running_pod(ctx.namespace) if progress is not None else None
-    return (pod, progress) if pod is not None and progress is not None else None
-
-
 def take_node_mid_epoch(ctx: Ctx) -> None:
     """A Spot VM's preemption mid-epoch: the node under the job's pod taken away (its pod stopped with 30 s of
     grace, as GKE gives a Spot node), and made again by its pool."""
-    hit = ctx.wait_for(lambda: _mid_epoch(ctx), timeout=ctx.case.timeout_s, interval=0.2)
+
+    def running_pod() -> Any:
+        return ground(ctx).running_pod(ctx.namespace)
+
+    hit = ctx.wait_for(lambda: at_mid_epoch(ctx, running_pod), timeout=ctx.case.timeout_s, interval=0.2)
     if hit is None:
         ctx.problem("never saw progress.json in the middle of an epoch with the pod Running: no preemption")
         return

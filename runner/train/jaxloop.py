@@ -23,9 +23,8 @@ In a run (RUNNER_RUN_DIR set, as in every job the runner starts) that gives the 
     several workers does: one all-gather of a few ints through jax.distributed); in one process, the step at which
     its SIGTERM arrived. The CheckpointManager saves that step whatever its interval (its reached_preemption()
     answers it), and step() waits for the save and ends the process with 143, so the run reads as stopped, and is
-    resumed. (Not JAX's preemption sync: it sets the agreed step from the step each host last reached when the
-    notice came, and a host that has already passed it when the agreement lands, as a host held up reaching the
-    next collective lets another do, never stops there while the others save it, and all of them wait.)
+    resumed. (Not JAX's preemption sync: with one host held up, the hosts decided the stop's save differently and
+    waited on each other until killed; tests/test_flax_example.py's two-worker stop.)
   * a CheckpointManager (orbax.checkpoint's, subclassed) in the run's checkpoint location: on several hosts the
     one they all write, RUNNER_SHARED_CHECKPOINT_DIR (a multi-host Orbax checkpoint is written by every host into
     one directory, and host 0 commits it); on one host, RUNNER_CHECKPOINT_DIR, which a new machine gets back. It
@@ -66,8 +65,7 @@ class JaxLoop:
         self.keep = int(env.get(contract.CHECKPOINT_KEEP) or DEFAULT_KEEP)
         self.manager: Any = None
         self.signum: int | None = None  # the signal that came to this process
-        self.synced = False  # the processes agree on the stop's step (runner.train.agreement)
-        self._agreement: Any = None
+        self._agreement: Any = None  # several processes: they agree on the stop's step (runner.train.agreement)
         self._asked = -1  # the newest step asked about
         self._stop_at: int | None = None  # the step the loop stops at, once decided
         self._first_step = False
@@ -88,7 +86,6 @@ class JaxLoop:
             from runner.train.agreement import Agreement, jax_sum
 
             self._agreement = Agreement(jax_sum, jax.process_count())
-            self.synced = True
         # Ours, not JAX's preemption notifier (which jax.distributed.initialize() set on SIGTERM): see the docstring.
         signal.signal(signal.SIGTERM, self._on_signal)
 
@@ -103,6 +100,11 @@ class JaxLoop:
         if self.signum is None:
             self.signum = signum
             print(f"[runner] another process got {signal.Signals(signum).name}: stopping with it", flush=True)
+
+    @property
+    def synced(self) -> bool:
+        """The processes agree on the stop's step (several of them)."""
+        return self._agreement is not None
 
     @property
     def multi_host(self) -> bool:

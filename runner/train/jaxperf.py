@@ -105,6 +105,10 @@ CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
+def _cache_dir(environ: Mapping[str, str], root: Path | None) -> Path:
+    return (root or startcache.cache_dir(environ)) / "jax"
+
+
 def compile_cache_env(environ: Mapping[str, str], root: Path | None = None) -> dict[str, str]:
     """JAX's persistent compilation cache in the start-up cache (`root`, else startcache.cache_dir(environ)), as the
     variables JAX reads when it is imported: what the supervisor adds to every job's environment, so a user's own
@@ -112,7 +116,7 @@ def compile_cache_env(environ: Mapping[str, str], root: Path | None = None) -> d
     the environment already names a cache directory (the user's choice) or this one cannot be written."""
     if environ.get(CACHE_DIR_ENV):
         return {}
-    directory = (root or startcache.cache_dir(environ)) / "jax"
+    directory = _cache_dir(environ, root)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -127,7 +131,7 @@ def compile_cache(root: Path | None = None) -> Path | None:
     says: set before JAX is imported (JAX decides at its first compile whether a process uses the cache, and Keras
     compiles small programs as it starts), in JAX's configuration when it already is. Usually the supervisor has
     set it already (compile_cache_env). None when the user chose another directory or this one cannot be written."""
-    ours = (root or startcache.cache_dir()) / "jax"
+    ours = _cache_dir(os.environ, root)
     chosen = os.environ.get(CACHE_DIR_ENV)
     if chosen:
         return ours if Path(chosen) == ours else None

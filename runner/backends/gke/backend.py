@@ -272,7 +272,7 @@ class GkeBackend(Backend[GkeHandle]):
         with self._lock:
             if self._followed.get(key) != attempt:
                 return  # not the attempt the run follows: an older one's end is over, a newer one's is not yet
-        with self._lock:  # every status read comes here: the run directory is opened only for a new end
+            # Every status read comes here: the run directory is opened only for an end not recorded yet.
             ended = [e for e in watch.ended_in(attempt) if (*key, attempt, e.slice, e.host) not in self._recorded]
         with watch.lock:
             js = watch.jobset
