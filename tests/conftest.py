@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from runner import datasets
+from runner import contract, datasets
 from tests.containers import container_engine, cpu_image, image_registry, use_container_engine  # noqa: F401 (fixtures)
 from tests.kubecluster import gke, gke_client, gke_kube, kube, kube_api, kube_namespace, tpu_pool  # noqa: F401 (fixtures)
 
@@ -42,13 +42,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session")
+def startup_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One start-up cache (runner.train.startcache: calibrations, compiled JAX programs) for the whole session, its
+    workers' processes included: empty at first, as on a fresh machine, and never the user's, which would otherwise
+    keep calibrations timed under the suite's load."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, above each worker's
+    cache = root / "startup-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
 @pytest.fixture(autouse=True)
-def runner_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own run records, so tests never see each other's (or the user's) runs."""
+def runner_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, startup_cache: Path) -> Path:
+    """Every test gets its own run records, so tests never see each other's (or the user's) runs, and the suite's
+    start-up cache."""
     home = tmp_path / "runner-home"
-    monkeypatch.setenv("RUNNER_HOME", str(home))
-    for key in [k for k in os.environ if k.startswith("RUNNER_") and k != "RUNNER_HOME"]:
+    for key in [k for k in os.environ if k.startswith("RUNNER_")]:
         monkeypatch.delenv(key)
+    monkeypatch.setenv("RUNNER_HOME", str(home))
+    monkeypatch.setenv(contract.CACHE_DIR, str(startup_cache))
     return home
 
 

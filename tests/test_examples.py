@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from runner import contract, datasets
+from tests.environ import child_env
 from tests.stops import FAST_PROGRESS, freeze_mid_epoch, job_pid, sigterm_pending
 from tests.waiting import wait_for
 
@@ -80,7 +81,7 @@ def copy_example(example: str, tmp_path: Path) -> Path:
 
 
 def env_for(home: Path, cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env = child_env()
     # The precision as on a CPU without native bfloat16: these tests are about steps, not speed choices.
     return {
         **env,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ from runner.backends import plan_local
 from runner.errors import UsageError
 from runner.spec.loader import load_spec_text
 from runner.timings import Timings
+from tests.environ import child_env
 
 SPEC = "name: t\nimage: trainer:test\ncommand: [python, -c, 'print(1)']\nstorage: /tmp/timings-test\n"
 
@@ -43,7 +43,7 @@ def test_the_container_reads_its_cadences_and_falls_back_on_a_malformed_one() ->
     # keras_callbacks' and runner.metrics' progress writers read it as the job starts
     shown = subprocess.run(
         [sys.executable, "-c", "from runner import metrics; print(metrics.PROGRESS_EVERY_S)"],
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}, contract.PROGRESS_S: "0.25"},
+        env={**child_env(), contract.PROGRESS_S: "0.25"},
         capture_output=True,
         text=True,
         check=True,

@@ -27,6 +27,7 @@ from runner.bench.report import ArmResult, BenchResult
 from runner.errors import UsageError
 from runner.train import calibration, cpu
 from tests.conftest import REPO
+from tests.environ import child_env
 
 NO_BF16 = "-avx512_bf16,-amx_bf16,-bf16"  # the CPU's flags without bfloat16, whatever this machine has
 
@@ -264,7 +265,7 @@ def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
 def test_out_of_range_options_exit_2_before_any_worker_starts(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env = child_env()
     for args in (["--examples", "-1"], ["--compare", "/dev/zero"], ["--compare", str(fifo)]):
         done = subprocess.run(
             [sys.executable, "-m", "runner.bench", *args, "--out", str(tmp_path / "out")],
@@ -312,7 +313,6 @@ def test_bench_runs_both_trainers_at_every_batch_size(
 ) -> None:
     # No bfloat16 whatever this CPU has: only the dropout kernel is timed (the TPU-schedule test forces bfloat16 on).
     monkeypatch.setenv(cpu.CPU_FLAGS_ENV, NO_BF16)
-    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))  # a calibration is cached here, not in the user's
     out = tmp_path / "bench"
     args = ["--batch-sizes", "128,256", "--epochs", "2", "--examples", "1024", "--test-examples", "256"]
     args += ["--framework", "tensorflow"]  # the JAX engine's bench has its own test below
@@ -439,7 +439,7 @@ def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -
     site.mkdir()
     (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
     attempts = tmp_path / "attempts.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_", "KERAS_"))}
+    env = child_env("TF_", "KERAS_")
     env.update({"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "IMPORT_ATTEMPTS": str(attempts)})
     probe = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
     assert "No module named 'tensorflow'" in probe.stderr and attempts.read_text().startswith("tensorflow ")
@@ -471,7 +471,6 @@ def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -
 @pytest.mark.slow
 def test_bench_puts_both_engines_side_by_side(tmp_path: Path, mnist_npz: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu.CPU_FLAGS_ENV, NO_BF16)  # a shorter calibration: this test is about the layout
-    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "bench"
     args = ["--batch-sizes", "128", "--epochs", "2", "--examples", "512", "--test-examples", "128"]
     result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])  # the default: both

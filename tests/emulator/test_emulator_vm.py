@@ -27,6 +27,7 @@ from google.cloud import tpu_v2
 from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
+from tests.environ import child_env
 from tests.waiting import wait_for
 from tpu_emulator import TpuEmulator
 from tpu_emulator.vm import marked_pids
@@ -374,7 +375,7 @@ def test_a_failed_deletion_leaves_the_vms_running(quick_emulator: TpuEmulator) -
 
 
 def shim(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    base = child_env()
     return subprocess.run(
         [*SHIM, *args], env={**base, "TMPDIR": str(tmp_path), **env}, capture_output=True, text=True, timeout=60
     )
@@ -462,7 +463,7 @@ def test_docker_run_exit_codes(tmp_path: Path) -> None:
 
 
 def test_docker_stop_ends_a_running_container(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")} | {"TMPDIR": str(tmp_path)}
+    env = child_env() | {"TMPDIR": str(tmp_path)}
     run_dir = tmp_path / "run"
     job = json.dumps([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
     proc = subprocess.Popen(

@@ -24,6 +24,7 @@ from runner.spec import TrainingSpec
 from runner.storage import open_storage
 from tests.conftest import REPO
 from tests.dockerfile import image_config
+from tests.environ import child_env
 
 
 def _load(path: Path, name: str):  # type: ignore[no-untyped-def]
@@ -294,7 +295,7 @@ def test_slim_removes_what_no_job_loads_and_strips_only_tensorflows_libraries(tm
 
 
 def image_env(variant: str = "cpu") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
+    env = child_env("TF_USE_LEGACY_KERAS")
     return {**env, **image_config(variant).env}
 
 

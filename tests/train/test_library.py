@@ -5,7 +5,6 @@ checks), so a small model's fit pays little for it (`make bench-callbacks` measu
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from runner import contract
+from tests.environ import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ print("HOOKS", json.dumps({
 
 def test_a_step_calls_only_the_callbacks_that_need_one(tmp_path: Path, mnist_npz: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS", "KERAS_"))}
+    env = child_env("TF_USE_LEGACY_KERAS", "KERAS_")
     env.update({contract.RUN_ID: "lib", contract.RUN_DIR: str(run_dir), contract.OUTPUT_DIR: str(run_dir)})
     env.update(contract.JobContext.from_env(env).env())
     done = subprocess.run(
@@ -122,7 +122,7 @@ def test_each_fit_in_a_process_is_its_own_resume_point(tmp_path: Path, mnist_npz
     checkpoint), and stopped in its first epoch it resumes its own series while the first fit, done, trains nothing
     again. Two processes (the stopped attempt and the resumed one) are what a resume is: about 20 s."""
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS", "KERAS_"))}
+    env = child_env("TF_USE_LEGACY_KERAS", "KERAS_")
     env.update({contract.RUN_ID: "fits", contract.RUN_DIR: str(run_dir), contract.OUTPUT_DIR: str(run_dir)})
     env.update(contract.JobContext.from_env(env).env())
 

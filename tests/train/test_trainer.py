@@ -20,6 +20,7 @@ from runner import contract
 from runner.spec import TrainingSpec
 from runner.train.checkpoints import file_crc32c, read_manifest
 from runner.train.cpu import CPU_FLAGS_ENV
+from tests.environ import child_env
 from tests.stops import PROGRESS_S, freeze_mid_epoch, job_pid, sigterm_pending
 from tests.train.test_checkpoints import weights_offset
 from tests.waiting import wait_for
@@ -34,9 +35,7 @@ def worker_env(run_dir: Path, mnist_npz: Path, **training: object) -> dict[str, 
     cfg = TrainingSpec.model_validate(
         {"batch_size": 128, "max_train_examples": 512, "max_test_examples": 256, **training}
     )
-    # The start-up cache is the machine's (~/.cache/tpu-runner/startup), or the test's own where it set one.
-    kept = (contract.CACHE_DIR,)
-    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("RUNNER_", "TF_USE_LEGACY_KERAS"))}
+    env = child_env("TF_USE_LEGACY_KERAS")  # the start-up cache is the suite's, or the test's own where it set one
     env.update(
         {
             contract.RUN_DIR: str(run_dir),

@@ -13,6 +13,7 @@ from pathlib import Path
 from runner import contract
 from runner.worker.supervisor import JOB_PATH, Supervisor
 from tests.conftest import REPO
+from tests.environ import child_env
 
 # What JAX's initialize() would take from the cluster kinds, asked the way it asks (no arguments at all).
 DETECT = """
@@ -32,7 +33,7 @@ SLURM = {
 
 
 def job_python(code: str, pythonpath: list[Path], **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "SLURM_", "JAX_"))}
+    base = child_env("SLURM_", "JAX_")
     paths = os.pathsep.join(str(p) for p in [*pythonpath, REPO])
     return subprocess.run(
         [sys.executable, "-c", code],

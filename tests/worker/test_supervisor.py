@@ -17,6 +17,7 @@ import pytest
 from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
+from tests.environ import child_env
 from tests.waiting import wait_for
 
 SHOW_CONTRACT = (
@@ -29,7 +30,7 @@ SHOW_CONTRACT = (
 
 
 def worker_env(run_dir: str, command: list[str], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env = child_env()
     env.update(
         {
             contract.RUN_DIR: run_dir,
@@ -270,7 +271,7 @@ def test_a_job_that_ignores_sigterm_still_leaves_an_exit_record_before_the_group
 
 
 def test_entrypoint_without_contract_explains_itself() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env = child_env()
     result = subprocess.run(
         [sys.executable, "-m", "runner.worker"], env=env, capture_output=True, text=True, timeout=30, check=False
     )
