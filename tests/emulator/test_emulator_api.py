@@ -168,7 +168,7 @@ def test_a_node_boots_on_time_even_if_nobody_polls(slow_emulator: TpuEmulator) -
     create(client, "unwatched", metadata={"startup-script": script})  # as a runner that dies while CREATING
     reads = len(slow_emulator.requests)
     booted = slow_emulator.launcher.vm_dir(PROJECT, ZONE, "unwatched", 0) / "booted"
-    wait_for(booted.exists, timeout=10)
+    wait_for(booted.exists, "the VM to boot", timeout=60)
     assert time.monotonic() - started >= 1.0
     assert len(slow_emulator.requests) == reads  # no request made it happen
 
