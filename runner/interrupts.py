@@ -18,7 +18,11 @@ from typing import Any
 hurry = threading.Event()
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
+    """Not an Exception, as KeyboardInterrupt is not: the handlers that read on after a failed read (`except
+    Exception`, the follow loop's) must not take a Ctrl-C for one. It lands wherever the main thread is, most often
+    in the middle of a slow poll of the run directory, where it was once said as a read that failed and swallowed."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum

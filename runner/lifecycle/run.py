@@ -417,7 +417,7 @@ class Run(Deciding, Ending):
                     try:
                         verdict, self.snapshot = self.watch(handle)
                     except Exception as exc:  # a fault of this runner's own, not the job's: the job is left as it is
-                        left_running = not isinstance(exc, RunnerError | Interrupted)
+                        left_running = not isinstance(exc, RunnerError)
                         raise
                     try:
                         self.state = self.decide(verdict, self.snapshot, handle)
