@@ -13,8 +13,9 @@ STAMP := $(VENV)/.installed-stamp
 JOB ?= jobs/mnist.yaml
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): many tests wait on emulated operations, heartbeats and subprocesses, so three share
-# two cores better than two. The whole suite on 2 cores (2026-12-05): 17 min 10 s with 2, 13 min 50 s with 3; 4 keep
-# both cores busy all along (12 min 38 s, once).
+# two cores better than two. The whole suite on 2 cores (2026-12-05/06): 17 min 10 s with 2, 13 min 50 s to 15 min with
+# 3; 4 keep both cores busy all along and gain nothing clear (12 min 38 s once, 15 min 7 s another time): the suite is
+# bounded by CPU.
 # 0 runs it in this process.
 # --dist loadgroup keeps the tests that build and run the image together (xdist_group "containers": one build),
 # and those on the Kubernetes rehearsal (xdist_group "kube": one API server).
