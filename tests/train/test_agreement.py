@@ -15,7 +15,7 @@ import pytest
 
 from runner import contract
 from runner.backends.local.backend import worker_envs
-from runner.train.agreement import MAX_EVERY, TARGET_S, Agreement
+from runner.train.agreement import TARGET_S, Agreement
 from runner.train.callbacks import StopSignal
 from runner.train.checkpoints import read_manifest
 from tests.stops import freeze_mid_epoch, job_pid, sigterm_pending
@@ -54,6 +54,20 @@ def test_one_process_signalled_stops_every_process_with_its_signal() -> None:
     assert nothing.signum is None  # a save due elsewhere is a save here, and no stop
 
 
+def settle(agreement: Agreement, clock: Clock, step_s: float, points: int = 12) -> list[int]:
+    """`points` agreement points of steps lasting `step_s` each: the `every` chosen at each."""
+    chosen = []
+    for _ in range(points):
+        for _ in range(agreement.every - 1):
+            clock.now += step_s
+            assert not agreement.step()
+        clock.now += step_s
+        assert agreement.step()
+        agreement.decide(Signal(), False, mid_epoch=True)
+        chosen.append(agreement.every)
+    return chosen
+
+
 def test_points_come_about_once_a_second_from_the_mean_step_time() -> None:
     clock = Clock()
     agreement = Agreement(lambda mine: [v * 2 for v in mine], 2, clock)  # two processes, the same numbers
@@ -62,13 +76,8 @@ def test_points_come_about_once_a_second_from_the_mean_step_time() -> None:
     assert agreement.step()
     agreement.decide(Signal(), False, mid_epoch=True)
     assert agreement.every == int(TARGET_S / 0.5)
-    for _ in range(agreement.every - 1):
-        clock.now += 0.01
-        assert not agreement.step()
-    clock.now += 0.01
-    assert agreement.step()
-    agreement.decide(Signal(), False, mid_epoch=True)
-    assert agreement.every == pytest.approx(TARGET_S / 0.01, abs=1)
+    chosen = settle(agreement, clock, 0.01)  # 10 ms steps: the points grow apart, twofold at most, to a second's worth
+    assert chosen[:5] == [4, 8, 16, 32, 64] and chosen[-1] == pytest.approx(TARGET_S / 0.01, abs=1)
     clock.now += 3600  # an epoch end (validation, a long save): counts as no step time
     agreement.decide(Signal(), False)
     assert agreement.every == pytest.approx(TARGET_S / 0.01, abs=1)
@@ -76,7 +85,32 @@ def test_points_come_about_once_a_second_from_the_mean_step_time() -> None:
         clock.now += 1e-9
         agreement.step()
     agreement.decide(Signal(), False, mid_epoch=True)
-    assert agreement.every == MAX_EVERY
+    assert agreement.every == pytest.approx(2 * TARGET_S / 0.01, abs=2)  # fast steps: twofold, not at once to the cap
+    clock.now += 5.0  # a slow interval: the next point is nearer at once
+    for _ in range(agreement.every):
+        agreement.step()
+    agreement.decide(Signal(), False, mid_epoch=True)
+    assert agreement.every == pytest.approx(2 * TARGET_S / 0.01 * TARGET_S / 5.0, abs=1)
+
+
+@pytest.mark.parametrize("slow_s", [0.5, 4.0])
+def test_a_stop_is_agreed_within_a_preemption_notice_when_some_steps_are_slow(slow_s: float) -> None:
+    """A hand-written loop's steps: 5 ms each, and every 20th evaluates and saves for `slow_s`. Wherever a signal
+    lands, the next point comes within two target times and the slow steps of one interval: never 200 fast steps on
+    (the choice made from a run of fast steps alone), which here would be ten slow steps, past a 30 s notice."""
+    clock = Clock()
+    agreement = Agreement(lambda mine: mine, 1, clock)
+    points, step_ends = [], []
+    for step in range(1, 3001):
+        clock.now += 0.005 + (slow_s if step % 20 == 0 else 0.0)
+        step_ends.append(clock.now)
+        if agreement.step():
+            agreement.decide(Signal(), False, mid_epoch=True)
+            points.append(clock.now)
+    waits = [next(p for p in points if p >= t) - t for t in step_ends if t <= points[-1]]
+    worst = max(waits)
+    assert worst <= 2 * TARGET_S + 2 * slow_s, (worst, points[-10:])
+    assert len(points) < len(step_ends) / 3  # and not a collective every step
 
 
 def test_the_aim_between_points_follows_the_job_s_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,11 +123,7 @@ def test_the_aim_between_points_follows_the_job_s_cadence(monkeypatch: pytest.Mo
     for raw, aim in (("0.05", 0.05), ("nonsense", TARGET_S), ("-1", TARGET_S)):
         monkeypatch.setenv(contract.AGREE_S, raw)
         clock = Clock()
-        agreement = Agreement(lambda mine: mine, 1, clock)
-        clock.now += 0.01
-        assert agreement.step()
-        agreement.decide(Signal(), False, mid_epoch=True)
-        assert agreement.every == pytest.approx(aim / 0.01, abs=1)
+        assert settle(Agreement(lambda mine: mine, 1, clock), clock, 0.01)[-1] == pytest.approx(aim / 0.01, abs=1)
 
 
 def test_threads_as_processes_stop_at_the_same_step_whichever_is_signalled() -> None:
