@@ -9,8 +9,8 @@ POST   /_emulator/nodes                  {"project", "zone", "nodeId", "accelera
 GET    /_emulator/faults                 the active faults
 POST   /_emulator/faults/<kind>          add one; kind: stockout, quota, permission, http, rate-limit,
                                          slow-create, missing-image, delete-fails, slow-delete, collision,
-                                         boot-hang, drop-env, queued-fails; JSON body: its fields (zone, node,
-                                         count, status, ...)
+                                         boot-hang, drop-env, queued-fails, clock-skew, late-operation; JSON
+                                         body: its fields (zone, node, count, status, seconds, ...)
 DELETE /_emulator/faults[/<id>]          clear all faults, or one
 POST   /_emulator/preempt                {"node": "<name or node id>"}: READY -> PREEMPTED, VMs stopped
 GET    /_emulator/images?name=IMAGE      whether `docker pull IMAGE` works (the docker shim asks)

@@ -454,6 +454,11 @@ class TpuEmulator:
         """Nodes created in `zone` stay CREATING for `seconds` instead of create_delay_s."""
         return self._add("slow_create", seconds=seconds, zone=zone, count=count)
 
+    def late_operation(self, seconds: float, *, zone: str | None = None, count: int | None = None) -> Fault:
+        """Nodes created in `zone` are READY `seconds` before their create operation ends (the end a client reads
+        for when billing started)."""
+        return self._add("late_operation", seconds=seconds, zone=zone, count=count)
+
     def missing_image(self, image: str = "*", *, count: int | None = None, message: str | None = None) -> Fault:
         """`docker pull` (and `docker run`) of images matching the fnmatch pattern fails as for a missing image."""
         return self._add("missing_image", image=image, count=count, message=message)

@@ -32,6 +32,7 @@ Kind = Literal[
     "drop_env",
     "queued_fails",
     "clock_skew",
+    "late_operation",
 ]
 KINDS: tuple[str, ...] = get_args(Kind)
 _FIELDS = (
@@ -63,6 +64,7 @@ _ZONED = (
     "boot_hang",
     "queued_fails",
     "clock_skew",
+    "late_operation",
 )
 # The labels a collision's node carries by default: another run's, as the runner labels its nodes.
 OTHER_RUN_LABELS = {"managed-by": "tpu-runner", "tpu-runner-run": "another-run"}
@@ -85,6 +87,7 @@ class Fault:
     method: str | None = None  # http, rate_limit: only requests with this method
     path: str | None = None  # http, rate_limit: only requests whose path matches this regular expression
     seconds: float | None = None  # slow_create, slow_delete: how long CREATING/DELETING last; delete_fails: too;
+    # late_operation: how long after the machine is up its create operation ends;
     # clock_skew: how far the VMs' clocks are ahead (negative: behind), in whole seconds
     image: str = "*"  # missing_image, drop_env: image names (fnmatch pattern) it applies to
     labels: dict[str, str] | None = None  # collision: labels of the node that is there first
@@ -131,7 +134,7 @@ def _check(fault: Fault) -> None:
             raise ValueError(f"status must be a gRPC code 1-16 or one of {', '.join(GRPC_CODE)}")
     elif fault.status is not None and fault.kind != "http":
         raise ValueError(f"status is for http, delete_fails and queued_fails faults, not {fault.kind}")
-    if fault.kind in ("slow_create", "slow_delete", "clock_skew") and fault.seconds is None:
+    if fault.kind in ("slow_create", "slow_delete", "clock_skew", "late_operation") and fault.seconds is None:
         raise ValueError(f"a {fault.kind} fault needs seconds")
     if fault.kind == "clock_skew":
         if isinstance(fault.seconds, bool) or not isinstance(fault.seconds, int | float) or fault.seconds % 1:

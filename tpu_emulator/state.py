@@ -186,10 +186,14 @@ class Cloud:
         skew = self.faults.take("clock_skew", zone=zone, node=node_id)
         node.clock_skew_s = int(skew.seconds or 0) if skew is not None else 0
         delay = slow.seconds if slow is not None and slow.seconds is not None else self.create_delay_s
-        self.agenda.at(delay, lambda: self._finish_create(node, op, failure, hang), wake=True)
+        late = self.faults.take("late_operation", zone=zone, node=node_id)
+        lag = (late.seconds or 0.0) if late is not None else 0.0
+        self.agenda.at(delay, lambda: self._finish_create(node, op, failure, hang, lag), wake=True)
         return op
 
-    def _finish_create(self, node: Node, op: Operation, failure: dict[str, Any] | None, hang: bool) -> None:
+    def _finish_create(
+        self, node: Node, op: Operation, failure: dict[str, Any] | None, hang: bool, lag: float = 0.0
+    ) -> None:
         if op.done:
             return
         if self.nodes.get(node.name) is not node or node.state != "CREATING":
@@ -201,7 +205,11 @@ class Cloud:
             self.finish_op(op, error=failure)
             return
         node.state, node.health = "READY", "HEALTHY"
-        self.finish_op(op, response={"@type": codec.NODE_TYPE, **node.to_json()})
+        response = {"@type": codec.NODE_TYPE, **node.to_json()}
+        if lag:  # the late_operation fault: READY while the create is still under way
+            self.agenda.at(lag, lambda: self.finish_op(op, response=response), wake=True)
+        else:
+            self.finish_op(op, response=response)
         self._boot(node, hang=hang)
         self.queued.node_ready(node)
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -119,6 +120,24 @@ def test_a_machine_taken_away_is_gone_and_teardown_is_idempotent(subject: Callab
     assert s.backend.teardown(handle) is True
     assert s.backend.teardown(handle) is True  # twice: nothing left, no error
     assert s.backend.status(handle) == MachineState.GONE
+
+
+@pytest.mark.parametrize("backend", CLOUDS)
+def test_a_machine_up_before_its_create_ends_is_billed_from_the_end(cloud: TpuEmulator, backend: str) -> None:
+    """The machine is READY (RUNNING) a while before its create operation ends: provision reads on for the
+    operation's end, when billing starts by the API's clock (the report's cost and goodput start there)."""
+    lag = 2.0
+    (cloud.late_operation if backend == "tpu-vm" else cloud.compute.late_operation)(lag, count=1)
+    spec = load_spec_text(spec_text(f"gs://runner-test/{uuid.uuid4().hex[:8]}", 60, CLOUDS[backend][0]))
+    plan = plan_cloud(spec, None, environ={})
+    machine = backend_named(plan.backend, lambda s: None, Timings.from_env())
+    before = time.time()
+    handle = machine.provision(plan, lambda h: None)
+    try:
+        ready_at = machine.ready_at(handle)
+        assert ready_at is not None and before + lag <= ready_at <= time.time()
+    finally:
+        assert machine.teardown(handle) is True
 
 
 def test_a_handle_of_another_backend_is_a_storage_error(subject: Callable[[int], Subject]) -> None:

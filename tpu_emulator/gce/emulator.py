@@ -34,7 +34,17 @@ from tpu_emulator.scheduler import Scheduler
 from tpu_emulator.server import Request, Response
 from tpu_emulator.vm import VmInfo, VmLauncher
 
-_KINDS = ("stockout", "quota", "permission", "http", "rate_limit", "slow_create", "delete_fails", "slow_delete")
+_KINDS = (
+    "stockout",
+    "quota",
+    "permission",
+    "http",
+    "rate_limit",
+    "slow_create",
+    "late_operation",
+    "delete_fails",
+    "slow_delete",
+)
 KINDS = (*_KINDS, "queued_fails")
 _GCE_PATH = re.compile(r"^/_gce/([^/]+)/([^/]+)/([^/]+)/computeMetadata/v1(?:/(.*))?$")
 
@@ -178,6 +188,11 @@ class ComputeEngine:
 
     def slow_create(self, seconds: float, *, zone: str | None = None, count: int | None = None) -> Fault:
         return self.add_fault("slow_create", seconds=seconds, zone=zone, count=count)
+
+    def late_operation(self, seconds: float, *, zone: str | None = None, count: int | None = None) -> Fault:
+        """Instances inserted in `zone` are RUNNING `seconds` before their insert operation ends (a step, without
+        it)."""
+        return self.add_fault("late_operation", seconds=seconds, zone=zone, count=count)
 
     def delete_fails(
         self, zone: str | None = None, *, count: int | None = None, status: str = "INTERNAL", node: str | None = None

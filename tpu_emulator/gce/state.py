@@ -3,7 +3,9 @@ machine between them (managed instance groups are in tpu_emulator.gce.groups, th
 tpu_emulator.gce.resize).
 
 Instances (Instance.status):
-    insert -> PROVISIONING -> STAGING -> RUNNING (the VM boots: its startup-script runs)     the operation DONE
+    insert -> PROVISIONING -> STAGING -> RUNNING (the VM boots: its startup-script runs)     the operation DONE a
+        step later (the late_operation fault: later still): a client can read the VM RUNNING while its insert is
+        still under way, and must read on for the operation's end (when billing started)
     insert, zone stocked out -> PROVISIONING -> gone; the operation DONE with ZONE_RESOURCE_POOL_EXHAUSTED
     insert FLEX_START, zone stocked out -> PENDING (the operation DONE) until capacity, then PROVISIONING ...
     stop -> STOPPING -> TERMINATED (the VM stopped)      delete -> STOPPING -> gone (once the VM is stopped)
@@ -246,7 +248,9 @@ class ComputeCloud:
         instance.status, instance.started = "RUNNING", self.agenda.wall()
         self.boot(instance)
         if op is not None:
-            self.finish_op(op)
+            late = self.faults.take("late_operation", zone=instance.zone, node=instance.name)
+            lag = late.seconds if late is not None and late.seconds is not None else self.step_s
+            self.agenda.at(lag, lambda: self.finish_op(op), wake=True)
         self._schedule_run_end(instance)
         if then is not None:
             then(instance, True)

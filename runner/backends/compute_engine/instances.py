@@ -93,8 +93,9 @@ class Instances:
         return handle
 
     def _wait_ready(self, handle: InstanceHandle, operation: str | None, plan: Plan) -> float | None:
-        """Until the insert operation is DONE and the instance RUNNING, showing each status. A stockout is told only
-        in the operation; a flex-start VM waits PENDING (its operation DONE) up to max_wait, then the next zone."""
+        """Until the insert operation is DONE and the instance RUNNING, showing each status; returns when the operation
+        ended (the API's clock). A stockout is told only in the operation; a flex-start VM waits PENDING (its
+        operation DONE) up to max_wait, then the next zone."""
         target = target_of(plan)
         t0 = time.monotonic()
         last, done, ended_at, seen, missing = None, operation is None, None, False, False
@@ -106,6 +107,8 @@ class Instances:
                 if op.failure is not None:
                     raise explain(op.failure, f"create instance {handle.name}", **where)
             found = self.get(handle)
+            if found is None and last == "RUNNING":  # up, then gone: its job may have ended it (the watch sees it)
+                return ended_at
             if found is None and seen and not done and not missing:  # its operation read again, a poll later (stockout)
                 missing = True
                 time.sleep(min(self.ctx.poll_s, 1.0))
@@ -121,8 +124,10 @@ class Instances:
             if state != last:
                 self.ctx.say(f"instance {handle.name}: {state} ({time.monotonic() - t0:.0f}s)")
                 last = state
-            if state == "RUNNING" or (done and found is None):
-                return ended_at  # a job short enough may already have deleted its VM: the watch sees it
+            if (state == "RUNNING" and done) or (done and found is None):
+                # RUNNING may come before the insert's operation ends: its end (when billing starts) is read on for.
+                # A job short enough may already have deleted its VM: the watch sees it.
+                return ended_at
             if state in DOWN and self.preempted(handle, found):
                 raise Preempted(
                     f"instance {handle.name} was preempted as soon as it was created",

@@ -131,6 +131,8 @@ class Nodes:
                         op.failure, f"create TPU node {handle.node_id}", project=handle.project, zone=handle.zone
                     )
             node = api.get_node(handle.project, handle.zone, handle.node_id)
+            if node is None and last == "READY":  # up, then gone: its job may have ended it (the watch sees it)
+                return ended_at
             if node is None and seen and not done:  # there, then gone while its create is still under way
                 if missing:  # its operation read again since, and still not ended: deleted, not a stockout
                     raise vanished(handle, "it is gone before its create operation ended")
@@ -144,8 +146,10 @@ class Nodes:
                 last = state
             if state == "DELETING":
                 raise vanished(handle, "it is DELETING")
-            if state == "READY" or (done and node is None):
-                return ended_at  # created (a job short enough may already have deleted its node: the watch sees it)
+            if (state == "READY" and done) or (done and node is None):
+                # Created. READY may come before the create's operation ends: its end (when billing starts) is read on
+                # for. A job short enough may already have deleted its node: the watch sees it.
+                return ended_at
             if state in ("PREEMPTED", "TERMINATED"):
                 raise Preempted(
                     f"node {handle.node_id} was {state} as soon as it was created",
