@@ -103,6 +103,7 @@ class Supervisor:
         self.output.mkdir(parents=True, exist_ok=True)
         self.local = LocalStorage(self.output)
         self.stop_reason: str | None = None
+        self.job_stopped = False  # a stop was sent to the running job (a stop that comes after it ended is not one)
         self.safety_stop: str | None = None  # why a safety net stopped the job (exit code 124 then)
         self._last_submitter_check = 0.0
         self.started = now()
@@ -371,6 +372,7 @@ class Supervisor:
         """SIGTERM the job's whole process group and wait for all of it, not only its first process (a shell form's
         shell ends at once while its program saves); SIGKILL what is left when the job's grace ends."""
         if proc.poll() is None:
+            self.job_stopped = True
             processes.stop_group(proc.pid, self.job_grace_s)
 
     def run(self) -> int:
@@ -449,10 +451,12 @@ class Supervisor:
         else:
             code = EXIT_SAFETY_STOP if self.safety_stop else code
             state = RunState(self.stop_reason or "failed")
-        # A stop's exit code with no stop from here: on a pod slice, the stop the job's peers agreed on reached it
-        # first. Recorded as such; the run counts it as stopped only while another worker was (worker_states).
+        # A stop's exit code with no stop sent from here: on a pod slice, the stop the job's peers agreed on reached
+        # it first. Recorded as such; the run counts it as stopped only while another worker was (worker_states).
+        # A stop that came here once the job had ended (the runner stopping every worker when one has ended) played
+        # no part in it.
         workers = int(self.environ.get(contract.NUM_WORKERS) or 1)
-        peer_stop = self.stop_reason is None and code in STOP_EXIT_CODES and workers > 1
+        peer_stop = not self.job_stopped and code in STOP_EXIT_CODES and workers > 1
         if peer_stop:
             state = RunState.CANCELLED
             error = error or (

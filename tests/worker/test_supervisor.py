@@ -18,6 +18,7 @@ from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
 from tests.environ import child_env
+from tests.stops import all_stopped, job_pid, sigterm_pending
 from tests.waiting import wait_for
 
 SHOW_CONTRACT = (
@@ -312,6 +313,37 @@ def test_heartbeat_is_fresh_while_the_job_runs(
     finally:
         done.touch()
     assert proc.wait(30) == 0
+
+
+def _zombie(pid: int) -> bool:
+    """The process has ended and its parent has not reaped it yet."""
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and any(line.split()[1:2] == ["Z"] for line in status.read_text().splitlines()[:3])
+
+
+def test_a_stop_that_comes_once_the_job_has_ended_is_not_what_ended_it(tmp_path: Path) -> None:
+    """Worker 1 of 2: its job ends with 143 on its own (the stop its peers agreed on), and only then does a stop
+    reach its supervisor (the runner stopping every worker once one has ended). The exit record says the truth: a
+    stop it did not send (peer_stop), not its own. The supervisor is held (SIGSTOP) while its job ends and the
+    signal comes, so the signal is there before it can see the job's end, in whichever order it then takes them."""
+    run_dir = str(tmp_path / "run")
+    go = tmp_path / "go"
+    job = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\nsys.exit(143)"
+    env = worker_env(run_dir, [sys.executable, "-c", job], **{contract.NUM_WORKERS: "2", contract.WORKER_ID: "1"})
+    proc = subprocess.Popen([sys.executable, "-m", "runner.worker"], env=env, stdout=subprocess.DEVNULL)
+    try:
+        pid = wait_for(lambda: job_pid(Path(run_dir), 1), "the job to start")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: all_stopped(proc.pid), "the supervisor to be held")
+        go.touch()
+        wait_for(lambda: _zombie(pid), "the job to end (unreaped: its supervisor is held)")
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_for(lambda: sigterm_pending(proc.pid), "the stop to wait for the supervisor")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(60) == 143
+    record = json.loads(open_storage(run_dir).read_bytes(contract.exit_key(1)) or b"{}")
+    assert (record["state"], record["exit_code"], record["peer_stop"]) == ("cancelled", 143, True), record
 
 
 def test_the_log_is_stored_clean_and_the_live_output_keeps_the_redraws(tmp_path: Path) -> None:
