@@ -40,6 +40,12 @@ def _status(path: Path, key: str) -> str:
     return next((line.split()[1] for line in path.read_text().splitlines() if line.startswith(key)), "")
 
 
+def ended_unreaped(pid: int) -> bool:
+    """The process has ended and its parent has not reaped it yet (a zombie)."""
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and _status(status, "State:") == "Z"
+
+
 def sigterm_pending(pid: int) -> bool:
     """Whether SIGTERM waits for the (stopped) process: whoever stops it has sent it (to the process, or to one of
     its threads)."""

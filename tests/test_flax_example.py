@@ -30,7 +30,8 @@ RUNNER = [sys.executable, "-m", "runner.cli"]
 TRAIN = EXAMPLES / "flax_mnist" / "train.py"
 STEPS = 100  # the stop lands in the first steps (once one is trained): the resume trains the rest
 # A step committed at 20; the preemption lands once one from PREEMPT_FROM on is committed and the hosts agree on a
-# stop some 20-40 steps later (61 and 81 in two runs), with most of the run still to train.
+# stop within the next agreement point (runner.train.agreement: a second or two of steps, and at most the evaluation
+# and save that fall before it), with most of the run still to train.
 CLOUD_STEPS = 200
 
 

@@ -18,7 +18,7 @@ from runner import contract
 from runner.storage import open_storage
 from runner.worker import processes
 from tests.environ import child_env
-from tests.stops import all_stopped, job_pid, sigterm_pending
+from tests.stops import all_stopped, ended_unreaped, job_pid, sigterm_pending
 from tests.waiting import wait_for
 
 SHOW_CONTRACT = (
@@ -315,12 +315,6 @@ def test_heartbeat_is_fresh_while_the_job_runs(
     assert proc.wait(30) == 0
 
 
-def _zombie(pid: int) -> bool:
-    """The process has ended and its parent has not reaped it yet."""
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and any(line.split()[1:2] == ["Z"] for line in status.read_text().splitlines()[:3])
-
-
 def test_a_stop_that_comes_once_the_job_has_ended_is_not_what_ended_it(tmp_path: Path) -> None:
     """Worker 1 of 2: its job ends with 143 on its own (the stop its peers agreed on), and only then does a stop
     reach its supervisor (the runner stopping every worker once one has ended). The exit record says the truth: a
@@ -336,7 +330,7 @@ def test_a_stop_that_comes_once_the_job_has_ended_is_not_what_ended_it(tmp_path:
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: all_stopped(proc.pid), "the supervisor to be held")
         go.touch()
-        wait_for(lambda: _zombie(pid), "the job to end (unreaped: its supervisor is held)")
+        wait_for(lambda: ended_unreaped(pid), "the job to end (unreaped: its supervisor is held)")
         os.kill(proc.pid, signal.SIGTERM)
         wait_for(lambda: sigterm_pending(proc.pid), "the stop to wait for the supervisor")
     finally:
