@@ -137,21 +137,31 @@ class Browser:
         self.close()
 
 
-# What the report page says of its images once loaded: decoded, their natural and shown size, their data-points.
+# What the report page says of its charts (inline <svg class="chart">, or <img>) once drawn: each SVG is serialized
+# and loaded as an image of its own, which decodes only if it is a well-formed SVG document; then its natural and
+# shown size, its data-points, whether it reaches outside the page, and its ink.
 IMAGES_JS = """
-Promise.all([...document.images].map(async img => {
+Promise.all([...document.querySelectorAll("img, svg.chart")].map(async el => {
+  let img = el;
+  if (el instanceof SVGSVGElement) {
+    img = new Image();
+    img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(new XMLSerializer().serializeToString(el));
+  }
   let decoded = true;
   try { await img.decode(); } catch (e) { decoded = false; }
-  const box = img.getBoundingClientRect();
-  return {id: img.id, decoded, complete: img.complete, naturalWidth: img.naturalWidth,
+  const box = el.getBoundingClientRect();
+  const external = el instanceof SVGSVGElement
+    ? el.querySelector("image, use, a, foreignObject, script, style") !== null
+    : !el.src.startsWith("data:");
+  return {id: el.id, tag: el.tagName.toLowerCase(), decoded, complete: img.complete, naturalWidth: img.naturalWidth,
           naturalHeight: img.naturalHeight, shownWidth: box.width, shownHeight: box.height,
-          points: JSON.parse(img.dataset.points || "{}"), external: !img.src.startsWith("data:"),
-          inked: inked(img)};
+          points: JSON.parse(el.dataset.points || "{}"), external, inked: inked(img)};
 }))
 """
 
-# The share of an image's pixels that are not (near) white: a chart that drew nothing is a blank canvas. Prepended
-# to IMAGES_JS, whose results carry it as `inked`.
+# The share of an image's pixels that are not (near) white: a chart that drew nothing is a blank canvas (a
+# transparent pixel counts as ink: a chart must paint its own background). Prepended to IMAGES_JS, whose results
+# carry it as `inked`.
 INKED_JS = """
 function inked(img) {
   if (!img.naturalWidth) return 0;

@@ -8,9 +8,9 @@
     notebook.py   the notebook's published K80 GPU and TPU v2-8 numbers
     arms.py       the two trainers, each running one epoch on request, on TensorFlow or JAX (both live here)
     harness.py    the driver: per batch size, epochs interleaved between the two, in worker processes
-    report.py     bench.json, bench.md, bench.png, and the side-by-side comparison
+    report.py     bench.json, bench.md, bench.svg, and the side-by-side comparison
     command.py    the typer command `bench` for the runner CLI
 
 By default each engine installed here runs (TensorFlow, then JAX), each its own table. Importing this package imports
-neither TensorFlow, JAX nor matplotlib.
+neither TensorFlow nor JAX; the plot is SVG drawn by runner.collect.svg.
 """

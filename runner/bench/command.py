@@ -140,7 +140,7 @@ def bench(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Directory for bench.md, bench.json, bench.png. [default: $RUNNER_OUTPUT_DIR in a job, "
+            help="Directory for bench.md, bench.json, bench.svg. [default: $RUNNER_OUTPUT_DIR in a job, "
             "else runs/bench-TIMESTAMP]"
         ),
     ] = None,
@@ -148,7 +148,7 @@ def bench(
         list[Path] | None,
         typer.Option(
             help="Combine earlier results (bench.json files or their directories, repeat the option) side by "
-            "side with the notebook's numbers instead of running; with --out, writes compare.md and compare.png."
+            "side with the notebook's numbers instead of running; with --out, writes compare.md and compare.svg."
         ),
     ] = None,
     quick: Annotated[bool, typer.Option(help="A short run: 2 epochs on 8192 training and 2048 test examples.")] = False,
@@ -175,7 +175,7 @@ def bench(
 ) -> None:
     """Reproduce the 'GPU vs TPU' notebook: epoch and per-example step time at each batch size, for our trainer
     and for a plain model.fit on numpy arrays, epochs interleaved, on each engine; writes bench.md, bench.json and
-    bench.png (per engine in a folder of its name when there are two, with compare.md beside them)."""
+    bench.svg (per engine in a folder of its name when there are two, with compare.md beside them)."""
     from runner.bench import report
     from runner.errors import UsageError
 
@@ -187,7 +187,7 @@ def bench(
         typer.echo(report.render_comparison(results))
         if out:
             written = report.write_comparison(results, out)
-            typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}")
+            typer.echo(f"wrote {', '.join(str(p) for p in written.values())}")
         return
     from runner.bench.harness import BenchOptions, run_bench
     from runner.train.choices import PRECISIONS
@@ -242,11 +242,9 @@ def bench(
         )
         written = report.write(result, where)
         typer.echo(report.render_markdown(result))
-        if written["plot"] is None:
-            typer.echo("matplotlib is not installed: no bench.png (pip install matplotlib)", err=True)
-        typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)
+        typer.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
         results.append(result)
     if len(results) > 1:
         typer.echo(report.render_comparison(results))
         written = report.write_comparison(results, directory)
-        typer.echo(f"wrote {', '.join(str(p) for p in written.values() if p)}", err=True)
+        typer.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)

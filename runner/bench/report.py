@@ -1,4 +1,4 @@
-"""Bench results: the records, bench.json, the Markdown tables and the PNG plot. No TensorFlow here.
+"""Bench results: the records, bench.json, the Markdown tables and the SVG plot. No TensorFlow here.
 
 Epoch time leaves out the first epoch (it compiles the step function), as the notebook's numbers do. Per-example
 step time is the training part of an epoch divided by the examples trained, like Keras' "us/sample"; our trainer's
@@ -7,7 +7,6 @@ epoch time also holds the validation pass it runs after every epoch, which the p
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.bench.notebook import NOTEBOOK
+from runner.collect import svg
 from runner.storage.local import write_atomic
 
 SCHEMA = 1
@@ -299,58 +299,55 @@ def render_comparison(results: Sequence[BenchResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: Sequence[BenchResult], path: Path) -> Path | None:
-    """Epoch time and per-example step time against batch size; None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display in a container or CI
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter
-    except ImportError:
-        return None
-    plain = FuncFormatter(lambda value, _: f"{value:g}")  # "60", not "6 x 10^1"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for label, points in _series(results):
-        batches = sorted(points)
-        style = "--" if any(label == pub.label for pub in NOTEBOOK) else "-"
-        for axis, k in ((left, 0), (right, 1)):
-            axis.plot(batches, [points[b][k] for b in batches], style, marker="o", label=label)
-    ticks = sorted({b for _, points in _series(results) for b in points})
-    for axis, title, unit in ((left, "epoch time", "s"), (right, "per-example step time", "us")):
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(ticks, [str(b) for b in ticks])
-        axis.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
-        axis.set_yscale("log")
-        axis.yaxis.set_major_formatter(plain)
-        axis.yaxis.set_minor_formatter(plain)
-        axis.set_xlabel("batch size")
-        axis.set_ylabel(f"{title} ({unit})")
-        axis.set_title(f"MNIST CNN: {title}")
-        axis.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, buffer.getvalue())  # the run directory is mirrored while the job runs: never half a file
+def plot(results: Sequence[BenchResult], path: Path) -> Path:
+    """Epoch time and per-example step time against batch size, both axes logarithmic, as an SVG file; the
+    notebook's published numbers dashed. svg.ChartError where a time is no positive finite number."""
+    series = _series(results)
+    batches = sorted({b for _, points in series for b in points})
+    entries = [
+        svg.Entry(label, svg.PALETTE[n % len(svg.PALETTE)], "dashed" if _published(label) else "line")
+        for n, (label, _) in enumerate(series)
+    ]
+    legend_w, legend_h = svg.legend_size(entries, columns=2, size=10)
+    canvas = svg.Canvas(max(1100, legend_w + 24), 420 + legend_h)
+    gap, margin = 110, 80  # room for the right panel's tick labels and axis label; then the left one's
+    panel_w = (canvas.width - margin - gap - 20) / 2
+    for n, (title, unit) in enumerate((("epoch time", "s"), ("per-example step time", "us"))):
+        x_axis = svg.logarithmic([float(b) for b in batches], marks=[float(b) for b in batches])
+        y_axis = svg.logarithmic([points[b][n] for _, points in series for b in points])
+        left = margin + n * (panel_w + gap)
+        frame = svg.Frame(canvas, left, 40, panel_w, 300, x_axis, y_axis)
+        canvas.text(left + frame.width / 2, 26, f"MNIST CNN: {title}", size=16, anchor="middle")
+        frame.axes("batch size", f"{title} ({unit})")
+        for (label, points), entry in zip(series, entries, strict=True):
+            xs = sorted(points)
+            frame.line(
+                label, [float(b) for b in xs], [points[b][n] for b in xs], entry.colour, dashed=_published(label)
+            )
+    svg.legend(canvas, (canvas.width - legend_w) / 2, 400, entries, columns=2, size=10, frame=False)
+    # the run directory is mirrored while the job runs: never half a file
+    write_atomic(path, canvas.render("MNIST CNN: epoch time and per-example step time by batch size").encode())
     return path
 
 
-def write(result: BenchResult, directory: Path) -> dict[str, Path | None]:
-    """bench.json, bench.md and bench.png of one run."""
+def _published(label: str) -> bool:
+    return any(label == pub.label for pub in NOTEBOOK)
+
+
+def write(result: BenchResult, directory: Path) -> dict[str, Path]:
+    """bench.json, bench.md and bench.svg of one run."""
     write_atomic(directory / "bench.json", result.to_json().encode())
     write_atomic(directory / "bench.md", render_markdown(result).encode())
     return {
         "json": directory / "bench.json",
         "markdown": directory / "bench.md",
-        "plot": plot([result], directory / "bench.png"),
+        "plot": plot([result], directory / "bench.svg"),
     }
 
 
-def write_comparison(results: Sequence[BenchResult], directory: Path) -> dict[str, Path | None]:
+def write_comparison(results: Sequence[BenchResult], directory: Path) -> dict[str, Path]:
     write_atomic(directory / "compare.md", render_comparison(results).encode())
-    return {"markdown": directory / "compare.md", "plot": plot(results, directory / "compare.png")}
+    return {"markdown": directory / "compare.md", "plot": plot(results, directory / "compare.svg")}
 
 
 __all__ = [

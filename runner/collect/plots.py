@@ -1,19 +1,20 @@
-"""The report's charts as PNG bytes: the timeline of phases, where the billed time went (goodput), loss and accuracy
-per epoch, examples/s.
+"""The report's charts as SVG: the timeline of phases, where the billed time went (goodput), loss and accuracy per
+epoch, examples/s.
 
-matplotlib is imported here only, by `runner report` (and the end of `submit`), through its object API and the Agg
-canvas: no pyplot, no global backend, nothing drawn on a screen. Each chart says how many points each of its series
-has, so that a test (or a reader) can hold the picture to metrics.jsonl.
+Drawn with runner.collect.svg, from strings: no plotting library, so nothing heavy is imported by `runner report`
+(and the end of `submit`), nor sits in the environment for Keras to import at start-up. Each chart says how many
+points each of its series has, counted from the elements it drew, so that a test (or a reader) can hold the picture
+to metrics.jsonl.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runner.collect import svg
 from runner.collect.goodput import Goodput
 from runner.collect.timeline import Marker, Timeline
 from runner.plan.budget import duration, money
@@ -70,8 +71,8 @@ _CAUSE_COLOURS = {
 class Chart:
     id: str
     title: str
-    png: bytes
-    points: dict[str, int]  # series -> number of points drawn
+    svg: str  # a standalone SVG document, which an HTML page can also hold inline
+    points: dict[str, int]  # series -> number of points drawn (elements in the SVG)
     width: int  # pixels
     height: int
 
@@ -79,20 +80,12 @@ class Chart:
         return {"id": self.id, "title": self.title, "points": self.points, "width": self.width, "height": self.height}
 
 
-def _figure(width_in: float, height_in: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+def _chart(chart_id: str, title: str, canvas: svg.Canvas, points: dict[str, int], heading: str | None = None) -> Chart:
+    return Chart(chart_id, title, canvas.render(heading or title), points, canvas.width, canvas.height)
 
 
-def _png(fig: Any) -> tuple[bytes, int, int]:
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=100, metadata={"Software": None})
-    width, height = (round(v) for v in fig.get_size_inches() * 100)
-    return out.getvalue(), width, height
+def _title(canvas: svg.Canvas, words: str) -> None:
+    canvas.text(canvas.width / 2, 24, words, size=16, anchor="middle")
 
 
 def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -122,30 +115,36 @@ def curve_keys(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, str, tupl
 
 
 def curve_chart(chart_id: str, title: str, ylabel: str, keys: Sequence[str], rows: Sequence[dict[str, Any]]) -> Chart:
-    fig = _figure(6.4, 3.4)
-    ax = fig.add_subplot()
-    points: dict[str, int] = {}
-    for key in keys:
-        xs, ys = series(rows, key)
-        if not ys:
-            continue
-        # The count is read back from what was drawn (bars, or the line's vertices), not from the rows.
-        if chart_id == "speed":
-            points[key] = len(ax.bar(xs, ys, color="#43a047", label=key, width=0.6).patches)
+    """Lines with a marker per point (validation dashed); "speed" as bars. ChartError: numbers no axis can hold."""
+    drawn = [(key, *series(rows, key)) for key in keys]
+    drawn = [(key, xs, ys) for key, xs, ys in drawn if ys]
+    if not drawn:
+        raise svg.ChartError("no series has a number")
+    bars = chart_id == "speed"
+    all_x = [x for _, xs, _ in drawn for x in xs]
+    all_y = [y for _, _, ys in drawn for y in ys]
+    pad = max(0.5, 0.05 * (max(all_x) - min(all_x)))  # half a bar at least
+    x_axis = svg.linear([min(all_x) - pad, max(all_x) + pad], integer=True)
+    y_axis = svg.linear(all_y, count=8, zero=bars, margin=0.05)
+    canvas = svg.Canvas(640, 340)
+    size = svg.SIZE
+    widest = max(svg.text_width(label, size) for label in y_axis.labels)
+    left = 12 + 1.2 * (size + 1) + widest + 12
+    frame = svg.Frame(canvas, left, 40, canvas.width - left - 18, canvas.height - 40 - 52, x_axis, y_axis)
+    _title(canvas, title)
+    frame.axes("epoch" if any("epoch" in r for r in rows) else "row", ylabel)
+    entries = []
+    for n, (key, xs, ys) in enumerate(drawn):
+        colour = "#43a047" if bars else svg.PALETTE[n % len(svg.PALETTE)]
+        if bars:
+            frame.bars(key, xs, ys, colour, width=0.6)
         else:
-            (line,) = ax.plot(xs, ys, marker="o", label=key, linestyle="--" if key.startswith("val_") else "-")
-            points[key] = len(line.get_xdata())
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(title)
-    ax.set_xlabel("epoch" if any("epoch" in r for r in rows) else "row")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if len(points) > 1 or chart_id != "speed":
-        ax.legend(loc="best")
-    png, width, height = _png(fig)
-    return Chart(chart_id, title, png, points, width, height)
+            frame.line(key, xs, ys, colour, dashed=key.startswith("val_"))
+        entries.append(svg.Entry(key, colour, "box" if bars else "dashed" if key.startswith("val_") else "line"))
+    if len(entries) > 1 or not bars:
+        frame.legend(entries)
+    # The counts are read back from what was drawn (a marker per point, or a bar), not from the rows.
+    return _chart(chart_id, title, canvas, {key: canvas.drawn.get(key, 0) for key, _, _ in drawn})
 
 
 def _x_range(timeline: Timeline) -> tuple[float, float]:
@@ -163,6 +162,22 @@ def shown_markers(timeline: Timeline) -> list[Marker]:
     return [m for m in timeline.markers if low <= m.time - timeline.origin <= high]
 
 
+def _levels(spans: Sequence[tuple[float, float]], most: int = 3) -> list[int]:
+    """A line for each label (left, right in pixels) so that none overlaps the one before it on its line; past
+    `most` lines they overlap on the last."""
+    ends: list[float] = []
+    out = []
+    for left, right in spans:
+        level = next((n for n, end in enumerate(ends) if left > end + 4), len(ends))
+        level = min(level, most - 1)
+        if level == len(ends):
+            ends.append(right)
+        else:
+            ends[level] = max(ends[level], right)
+        out.append(level)
+    return out
+
+
 def timeline_chart(timeline: Timeline) -> Chart | None:
     """A Gantt chart: one row per phase, every attempt's bar in it; preemptions and restarts as vertical lines."""
     if not timeline.phases:
@@ -171,32 +186,38 @@ def timeline_chart(timeline: Timeline) -> Chart | None:
     for phase in timeline.phases:
         if phase.name not in names:
             names.append(phase.name)
-    fig = _figure(9.0, 0.45 * len(names) + 1.6)
-    ax = fig.add_subplot()
-    origin = timeline.origin
-    for row, name in enumerate(names):
-        spans = [(p.start - origin, max(p.seconds, 1e-3)) for p in timeline.phases if p.name == name]
-        ax.broken_barh(spans, (row - 0.38, 0.76), color=_PHASE_COLOURS.get(name, "#607d8b"))
+    size, row_h = svg.SIZE, 30
+    low, high = _x_range(timeline)
+    x_axis = svg.linear([low, high], count=8)
+    rows = tuple(float(n) for n in range(len(names)))
+    y_axis = svg.Axis(len(names) - 0.5, -0.5, rows, tuple(names))  # from the top down, as read
+    left = 14 + max(svg.text_width(name, size) for name in names) + 10
+    width = 900
+    plot_w = width - left - 24
     markers = shown_markers(timeline)
-    for marker in markers:
-        x = marker.time - origin
+    origin = timeline.origin
+    at = [left + x_axis.fraction(m.time - origin) * plot_w for m in markers]
+    levels = _levels([(x, x + 4 + svg.text_width(m.label, 11)) for x, m in zip(at, markers, strict=True)])
+    top = 40 + (max(levels) + 1) * 14 if markers else 40
+    canvas = svg.Canvas(width, top + row_h * len(names) + 52)
+    frame = svg.Frame(canvas, left, top, plot_w, row_h * len(names), x_axis, y_axis)
+    heading = "Timeline" + (f" ({timeline.attempts} machines)" if timeline.attempts > 1 else "")
+    _title(canvas, heading)
+    frame.axes("seconds after the submit", None, grid="x")
+    for phase in timeline.phases:
+        row = names.index(phase.name)
+        x0, x1 = frame.px(phase.start - origin), frame.px(phase.start - origin + max(phase.seconds, 1e-3))
+        y0, y1 = frame.py(row - 0.38), frame.py(row + 0.38)
+        tip = f"{phase.name} (machine {phase.attempt}): {phase.start - origin:.1f}s + {phase.seconds:.1f}s"
+        colour = _PHASE_COLOURS.get(phase.name, "#607d8b")
+        canvas.rect(x0, y0, max(x1 - x0, 1.0), y1 - y0, colour, series="phases", tip=tip)
+    for marker, x, level in zip(markers, at, levels, strict=True):
         colour = "#d81b60" if marker.event == "preempted" else "#546e7a"
-        ax.axvline(x, color=colour, linestyle=":", linewidth=1.5)
-        ax.text(x, -0.9, marker.label, rotation=0, fontsize=8, color=colour, ha="left", va="bottom")
-    ax.set_yticks(range(len(names)), labels=names)
-    ax.invert_yaxis()
-    ax.set_xlim(*_x_range(timeline))
-    ax.set_xlabel("seconds after the submit")
-    ax.set_title("Timeline" + (f" ({timeline.attempts} machines)" if timeline.attempts > 1 else ""))
-    ax.grid(axis="x", alpha=0.3)
-    png, width, height = _png(fig)
-    points = {"phases": len(timeline.phases), "markers": len(markers)}
-    return Chart("timeline", "Timeline", png, points, width, height)
-
-
-def _plain(text: str) -> str:
-    """Text as it reads: matplotlib takes what stands between two $ for math."""
-    return text.replace("$", r"\$")
+        label_y = 40 + level * 14 + 9
+        canvas.line(x, label_y - 9, x, top + frame.height, colour, 1.5, series="markers", dash="2 3")
+        canvas.text(x + 3, label_y, marker.label, size=11, colour=colour)
+    points = {"phases": canvas.drawn.get("phases", 0), "markers": canvas.drawn.get("markers", 0)}
+    return _chart("timeline", "Timeline", canvas, points, heading)
 
 
 def _billed_parts(goodput: Goodput) -> list[tuple[str, str, float]]:
@@ -210,33 +231,40 @@ def goodput_chart(goodput: Goodput) -> Chart | None:
     parts = _billed_parts(goodput)
     if not parts or goodput.billed_s <= 0:
         return None
-    fig = _figure(9.0, 1.9 + 0.26 * ((len(parts) + 1) // 2))
-    ax = fig.add_subplot()
-    left = 0.0
-    drawn = 0
+    entries = []
     for key, label, seconds in parts:
         share = 100 * seconds / goodput.billed_s
         dollars = f", {money(seconds * goodput.price.per_hour / 3600)}" if goodput.price is not None else ""
-        colour = _CAUSE_COLOURS.get(key, "#607d8b")
-        name = _plain(f"{label}  {duration(seconds)} ({share:.0f}%{dollars})")
-        drawn += len(ax.barh([0], [seconds], left=left, height=0.6, color=colour, edgecolor="white", label=name))
-        if share >= 8:
-            ink = "#212121" if key in ("checkpoint_save", "unmeasured", "idle", "checkpoint_restore") else "white"
-            ax.text(left + seconds / 2, 0, f"{share:.0f}%", ha="center", va="center", fontsize=10, color=ink)
-        left += seconds
-    ax.set_xlim(0, goodput.billed_s)
-    ax.set_ylim(-0.5, 0.5)
-    ax.set_yticks([])
-    what = "billed" if goodput.billable else "of machine time (a local run bills nothing)"
-    ax.set_xlabel(f"seconds {what}" + (" so far" if goodput.open else ""))
+        entries.append(svg.Entry(f"{label}  {duration(seconds)} ({share:.0f}%{dollars})", _colour(key), "box"))
+    legend_w, legend_h = svg.legend_size(entries, columns=2)
+    canvas = svg.Canvas(max(900, legend_w + 24), 156 + legend_h + 10)
+    x_axis = svg.linear([0.0, goodput.billed_s], count=8)
+    y_axis = svg.Axis(-0.5, 0.5, (), ())
+    frame = svg.Frame(canvas, 24, 44, canvas.width - 48, 56, x_axis, y_axis)
     percent = goodput.percent
     head = "not measured" if percent is None else f"{percent:.0f}%"
     if goodput.usd is not None and goodput.billed_usd is not None:
         head += f", {money(goodput.usd)} of {money(goodput.billed_usd)}"
-    ax.set_title(_plain(f"Where the {'billed' if goodput.billable else 'machine'} time went: goodput {head}"))
-    fig.legend(loc="outside lower center", ncol=2, frameon=False, fontsize=9)
-    png, width, height = _png(fig)
-    return Chart("goodput", "Goodput", png, {"causes": drawn}, width, height)
+    heading = f"Where the {'billed' if goodput.billable else 'machine'} time went: goodput {head}"
+    _title(canvas, heading)
+    what = "billed" if goodput.billable else "of machine time (a local run bills nothing)"
+    frame.axes(f"seconds {what}" + (" so far" if goodput.open else ""), None, grid="")
+    left = 0.0
+    y0, y1 = frame.py(0.3), frame.py(-0.3)
+    for (key, _, seconds), entry in zip(parts, entries, strict=True):
+        x0, x1 = frame.px(left), frame.px(min(left + seconds, goodput.billed_s))
+        canvas.rect(x0, y0, x1 - x0, y1 - y0, _colour(key), series="causes", tip=entry.label, extra={"stroke": "white"})
+        share = 100 * seconds / goodput.billed_s
+        if share >= 8:
+            ink = "#212121" if key in ("checkpoint_save", "unmeasured", "idle", "checkpoint_restore") else "white"
+            canvas.text((x0 + x1) / 2, (y0 + y1) / 2 + 4.5, f"{share:.0f}%", size=13, anchor="middle", colour=ink)
+        left += seconds
+    svg.legend(canvas, (canvas.width - legend_w) / 2, 156, entries, columns=2, frame=False)
+    return _chart("goodput", "Goodput", canvas, {"causes": canvas.drawn.get("causes", 0)}, heading)
+
+
+def _colour(cause: str) -> str:
+    return _CAUSE_COLOURS.get(cause, "#607d8b")
 
 
 def charts(
@@ -253,8 +281,8 @@ def charts(
     for name, draw in drawers:
         try:
             chart = draw()
-        except Exception as exc:  # matplotlib's errors have no common root
-            problems.append(f"the {name} chart could not be drawn: {type(exc).__name__}: {str(exc)[:200]}")
+        except svg.ChartError as exc:
+            problems.append(f"the {name} chart could not be drawn: {str(exc)[:200]}")
             continue
         if chart is not None:
             out.append(chart)
@@ -262,15 +290,6 @@ def charts(
 
 
 def planned(timeline: Timeline, rows: Sequence[dict[str, Any]], goodput: Goodput | None = None) -> list[dict[str, Any]]:
-    """The charts `charts` draws and their points, without drawing them (no matplotlib): for --json."""
-    out = []
-    if timeline.phases:
-        out.append(
-            {"id": "timeline", "points": {"phases": len(timeline.phases), "markers": len(shown_markers(timeline))}}
-        )
-    if goodput is not None and goodput.billed_s > 0 and (parts := _billed_parts(goodput)):
-        out.append({"id": "goodput", "points": {"causes": len(parts)}})
-    for chart_id, _, _, keys in curve_keys(rows):
-        points = {k: n for k in keys if (n := len(series(rows, k)[1]))}
-        out.append({"id": chart_id, "points": points})
-    return out
+    """The charts `charts` draws and their points, for --json, which writes no picture. Drawing is building a few
+    strings, so they are drawn and dropped: the list is what the page holds, a chart left out for its numbers too."""
+    return [{"id": c.id, "points": c.points} for c in charts(timeline, rows, [], goodput)]

@@ -1,5 +1,5 @@
-"""`runner report`: one self-contained HTML page per run, its charts embedded as data: URIs, so that it opens in a
-browser with no network, from a laptop, a bucket or an e-mail.
+"""`runner report`: one self-contained HTML page per run, its charts inline SVG, so that it opens in a browser with
+no network, from a laptop, a bucket or an e-mail.
 
 The page shows the spec, the timeline of phases (runner.collect.timeline: evidence only), preemptions and
 restarts, loss and accuracy per epoch (train and validation; a command's metrics.jsonl, else the epochs Keras
@@ -7,17 +7,17 @@ printed to its log), examples/s, strategy and devices, final metrics (summary.js
 command's metrics and log), every committed checkpoint under checkpoints/ (each read by its format:
 runner.checkpoints), the startup breakdown, the cost (runner.collect.cost) and where the billed time went, with what
 each disruption cost (runner.collect.goodput). Tables show numbers rounded; the JSON keeps them whole.
-Every chart's <img> says in data-points how many points each of its series has; the page carries the report's data
-as JSON in <script id="report-data" type="application/json"> (what `runner report --json` prints).
+Every chart's <svg> (id chart-<chart id>, role img, named by its aria-label and <title>) says in data-points how many
+points each of its series has; the page carries the report's data as JSON in
+<script id="report-data" type="application/json"> (what `runner report --json` prints).
 
 Where it goes: <run dir>/report/index.html for a local run directory; for a gs:// one, a local directory
 ($RUNNER_HOME/reports/<run id>/) and a copy uploaded to <run dir>/report/index.html. Each chart is also written
-beside the page as <chart id>.png (timeline.png, loss.png, ...), for slides and issues; the page needs none of them.
+beside the page as <chart id>.svg (timeline.svg, loss.svg, ...), for slides and issues; the page needs none of them.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import time
@@ -29,7 +29,9 @@ from runner import backends, contract
 from runner.checkpoints.resumed import Resumed
 from runner.collect.facts import CheckpointInfo, RunFacts, checkpoints_text, gather, size_text
 from runner.collect.figures import metrics_text, rounded
-from runner.errors import RunnerError, StorageError, UsageError
+from runner.collect.plots import charts as draw_charts
+from runner.collect.plots import planned
+from runner.errors import RunnerError, StorageError
 from runner.plan.budget import duration, money
 from runner.storage import Storage, open_storage
 from runner.watch.logtext import one_line
@@ -104,7 +106,7 @@ td, th { padding: .2em .8em .2em 0; text-align: left; vertical-align: top; }
 th { color: #555; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 pre { background: #f6f6f6; padding: .8em; overflow-x: auto; font-size: 12px; }
-img.chart { display: block; max-width: 100%; height: auto; margin: .8em 0; border: 1px solid #eee; }
+svg.chart { display: block; max-width: 100%; height: auto; margin: .8em 0; border: 1px solid #eee; }
 .state { font-weight: 700; } .muted { color: #777; } .warn { color: #b26a00; }
 """
 
@@ -300,16 +302,16 @@ def _startup_html(data: dict[str, Any]) -> str:
 
 
 def _chart_html(chart: Any) -> str:
+    """The chart's SVG inline, its root given the page's id, class and data-points."""
     points = html.escape(json.dumps(chart.points), quote=True)
-    uri = "data:image/png;base64," + base64.b64encode(chart.png).decode("ascii")
-    return (
-        f'<img class="chart" id="chart-{_e(chart.id)}" alt="{_e(chart.title)}" width="{chart.width}" '
-        f'height="{chart.height}" data-points="{points}" src="{uri}">'
-    )
+    head, sep, rest = chart.svg.partition("<svg ")
+    if head or not sep:
+        raise ValueError(f"the {chart.id} chart is not an SVG document")  # plots.Chart always is
+    return f'<svg class="chart" id="chart-{_e(chart.id)}" data-points="{points}" {rest.rstrip()}'
 
 
 def render(data: dict[str, Any], charts: list[Any]) -> str:
-    """The page. Everything from the run directory is escaped; the charts are data: URIs."""
+    """The page. Everything from the run directory is escaped; the charts are inline SVG (escaped as they are drawn)."""
     by_id = {c.id: c for c in charts}
     title = f"Run {data['run_id']}"
     head_rows = [
@@ -395,24 +397,11 @@ def render(data: dict[str, Any], charts: list[Any]) -> str:
     )
 
 
-def _charts(facts: RunFacts, problems: list[str]) -> list[Any]:
-    try:
-        from runner.collect import plots
-    except ImportError as exc:  # matplotlib comes with the `train` extra
-        raise UsageError(
-            f"runner report draws its charts with matplotlib, which is not installed ({exc})",
-            hint="pip install matplotlib",
-        ) from None
-    return plots.charts(facts.timeline, facts.metrics, problems, facts.goodput)
-
-
 def build(
     record: RunRecord, state: RunState | str, *, snapshot: Snapshot | None = None, facts: RunFacts | None = None
 ) -> tuple[dict[str, Any], RunFacts]:
     """The report's data (what --json prints) and the facts it came from (`facts`: gathered already, with the
-    checkpoints); nothing is drawn or written."""
-    from runner.collect.plots import planned
-
+    checkpoints); nothing is written (the charts are drawn only to count their points)."""
     storage = open_storage(record.run_dir)
     facts = facts or gather(record, storage, snapshot=snapshot, checkpoints=True)
     data = report_data(facts, state, storage)
@@ -424,7 +413,7 @@ def write(data: dict[str, Any], facts: RunFacts, *, out_dir: Path | None = None,
     """Draw the charts and write the page (and, for a gs:// run directory, upload a copy to
     <run dir>/report/index.html: a failed upload is a warning)."""
     problems: list[str] = []
-    charts = _charts(facts, problems)
+    charts = draw_charts(facts.timeline, facts.metrics, problems, facts.goodput)
     data = {**data, "warnings": [*data["warnings"], *problems]}
     page = render(data, charts)
     record = facts.record
@@ -434,7 +423,7 @@ def write(data: dict[str, Any], facts: RunFacts, *, out_dir: Path | None = None,
         directory.mkdir(parents=True, exist_ok=True)
         path.write_text(page, encoding="utf-8")
         for chart in charts:
-            (directory / f"{chart.id}.png").write_bytes(chart.png)
+            (directory / f"{chart.id}.svg").write_text(chart.svg, encoding="utf-8")
     except OSError as exc:
         raise StorageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
     warnings = [*facts.warnings, *problems]

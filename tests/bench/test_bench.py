@@ -22,10 +22,11 @@ from typer.testing import CliRunner
 
 from runner.bench import effective, report
 from runner.bench.command import bench
-from runner.bench.notebook import NOTEBOOK_GPU, NOTEBOOK_TPU
+from runner.bench.notebook import NOTEBOOK, NOTEBOOK_GPU, NOTEBOOK_TPU
 from runner.bench.report import ArmResult, BenchResult
 from runner.errors import UsageError
 from runner.train import calibration, cpu
+from tests.collect.test_svg import NS, drawn, parse, texts, tick_texts
 from tests.conftest import REPO
 from tests.environ import child_env
 
@@ -222,10 +223,22 @@ def test_results_round_trip_and_combine(tmp_path: Path) -> None:
         report.load(tmp_path / "bad.json")
 
 
-def test_plot_is_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    path = report.plot([_result(), _result("gpu: other")], tmp_path / "bench.png")
-    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_plot_is_an_svg_of_every_series(tmp_path: Path) -> None:
+    results = [_result(), _result("gpu: other <&>")]
+    path = report.plot(results, tmp_path / "bench.svg")
+    document = path.read_text()
+    root = parse(document)  # well-formed: the label's "<&>" is escaped
+    labels = [f"{r.label}, {report.TRAINER_NAMES[t]}" for r in results for t in report.TRAINERS]
+    published = {pub.label: pub.epoch_s for pub in NOTEBOOK}
+    # every series in both panels (epoch time, per-example step time): a marker per batch size it has
+    assert drawn(document) == {label: 2 * 2 for label in labels} | {k: 2 * len(v) for k, v in published.items()}
+    words = texts(document)
+    assert set(labels) | set(published) <= set(words)  # the legend
+    batches = sorted({b for v in published.values() for b in v} | {256, 1024})
+    assert tick_texts(document, "middle").count("256") == 2  # the batch sizes are the x ticks of both panels
+    assert sorted({int(t) for t in tick_texts(document, "middle")}) == batches
+    dashed = [e for e in root.iter(f"{NS}polyline") if e.get("stroke-dasharray")]
+    assert len(dashed) == 2 * len(published)  # the notebook's numbers dashed, ours solid
 
 
 def test_compare_command_writes_the_combined_table(tmp_path: Path) -> None:
@@ -237,6 +250,7 @@ def test_compare_command_writes_the_combined_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "cpu: A, our trainer" in result.output and "cpu: B, our trainer" in result.output
     assert "cpu: B, our trainer" in (tmp_path / "compare.md").read_text()
+    assert "cpu: B, our trainer" in drawn((tmp_path / "compare.svg").read_text())
 
 
 @pytest.mark.parametrize(
@@ -318,11 +332,13 @@ def test_bench_runs_both_trainers_at_every_batch_size(
     args += ["--framework", "tensorflow"]  # the JAX engine's bench has its own test below
     result = CliRunner().invoke(_app(), [*args, "--data", str(mnist_npz), "--out", str(out)])
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
-    assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.png", "bench-logs"}
+    assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.svg", "bench-logs"}
     data = json.loads((out / "bench.json").read_text())
     assert {(a["trainer"], a["batch_size"]) for a in data["arms"]} == {
         (t, b) for t in ("ours", "baseline") for b in (128, 256)
     }
+    plotted = drawn((out / "bench.svg").read_text())  # both trainers at both batch sizes, in both panels
+    assert [plotted[f"{data['label']}, {name}"] for name in report.TRAINER_NAMES.values()] == [4, 4]
     for arm in data["arms"]:
         assert len(arm["epoch_times_s"]) == 2 and len(arm["train_times_s"]) == 2
         assert all(t > 0 for t in arm["epoch_times_s"])

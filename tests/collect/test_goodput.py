@@ -388,14 +388,24 @@ def test_the_goodput_goes_into_summary_json_once_the_run_is_over(tmp_path: Path)
 
 
 def test_the_chart_stacks_every_cause_with_billed_time() -> None:
-    from runner.collect.plots import goodput_chart, planned
+    from runner.collect.plots import _CAUSE_COLOURS, goodput_chart, planned
+    from tests.collect.test_svg import NS, drawn, parse, texts
 
     events, rows = two_preemptions()
     g = goodput(events, rows, "v4-8", spot=True)
     chart = goodput_chart(g)
-    assert chart is not None and chart.png[:8] == b"\x89PNG\r\n\x1a\n"
-    with_time = [c.key for c in g.causes if c.billed_s]
-    assert chart.points == {"causes": len(with_time)} == {"causes": 8}
+    assert chart is not None
+    with_time = [c for c in g.causes if c.billed_s]
+    assert chart.points == {"causes": len(with_time)} == {"causes": 8} == drawn(chart.svg)
+    # one segment per cause, in order, left to right, each as wide as its share of the billed time
+    bars = [e for e in parse(chart.svg).iter(f"{NS}rect") if e.get("data-series") == "causes"]
+    assert [b.get("fill") for b in bars] == [_CAUSE_COLOURS[c.key] for c in with_time]
+    lefts, widths = [float(b.get("x") or 0) for b in bars], [float(b.get("width") or 0) for b in bars]
+    assert lefts == sorted(lefts)
+    assert [w / sum(widths) for w in widths] == pytest.approx([c.billed_s / g.billed_s for c in with_time], abs=1e-3)
+    words = texts(chart.svg)
+    assert all(any(w.startswith(f"{c.label}  ") and "$" in w for w in words) for c in with_time)  # time, share, $
+    assert f"{g.percent:.0f}%" in words  # the productive segment says its share
     assert {"id": "goodput", "points": {"causes": 8}} in planned(build_timeline(events, rows), rows, g)
 
 

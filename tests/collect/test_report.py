@@ -1,5 +1,5 @@
 """`runner report` of a real run: a tiny `runner submit --local` on real MNIST, its page opened in headless
-Chromium (the charts decode, have ink, and plot one point per epoch; nothing is fetched from a network), and
+Chromium (the inline SVG charts decode, have ink, and plot one point per epoch; nothing is fetched from a network), and
 `runner report --json`'s shape."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from tests.browser import IMAGES_JS, INKED_JS, Browser, chromium_or_skip
+from tests.collect.test_svg import drawn, parse
 
 EPOCHS = 3
 cli = CliRunner()
@@ -48,8 +49,11 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     # where the machine's time went: a local run bills nothing, but its time is split all the same
     assert re.match(r"\d+% of [\d.ms]+ machine time \(bills nothing\): [\d.ms]+ of productive steps$", rows["goodput"])
     assert "checkpoint save" in rows["badput"] and "data" in rows["badput"]  # the trainer times both
-    for name in ("timeline", "goodput", "loss", "accuracy", "speed"):
-        assert (page.parent / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # each chart beside the page as an SVG file that parses (test_svg.parse), none as a PNG
+    files = {
+        name: (page.parent / f"{name}.svg").read_text() for name in ("timeline", "goodput", "loss", "accuracy", "speed")
+    }
+    assert all(parse(text) is not None for text in files.values()) and not list(page.parent.glob("*.png"))
 
     status = invoke("status", run_id)
     assert "startup" in status.output and "cost" in status.output and "goodput" in status.output
@@ -96,6 +100,10 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     assert charts["loss"] == {"loss": EPOCHS, "val_loss": EPOCHS}
     assert charts["accuracy"] == {"accuracy": EPOCHS, "val_accuracy": EPOCHS}
     assert charts["speed"] == {"examples_per_s": EPOCHS}
+    # what the files drew is what --json counts: a marker per epoch and series, a bar per cause and per phase
+    assert {name: drawn(text) for name, text in files.items()} == {
+        name: {k: v for k, v in points.items() if v} for name, points in charts.items()
+    }
 
     written = invoke("report", run_id)
     assert written.exit_code == 0 and str(page) in written.output
@@ -110,10 +118,14 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
         )
         assert browser.evaluate("document.querySelectorAll('script[src], link[href], iframe').length") == 0
         embedded = json.loads(browser.evaluate("document.getElementById('report-data').textContent"))
+        named = browser.evaluate(
+            "[...document.querySelectorAll('svg.chart')].map(s => [s.id, s.getAttribute('role'), "
+            "s.getAttribute('aria-label'), s.querySelector('title').textContent])"
+        )
         text = browser.evaluate("document.body.innerText")
     assert set(images) == {"chart-timeline", "chart-goodput", "chart-loss", "chart-accuracy", "chart-speed"}
     for image in images.values():
-        assert image["decoded"] and image["complete"] and not image["external"], image
+        assert image["tag"] == "svg" and image["decoded"] and image["complete"] and not image["external"], image
         assert image["naturalWidth"] > 300 and image["shownWidth"] > 300 and image["shownHeight"] > 150, image
         assert image["inked"] > 0.02, image  # drawn on, not a blank canvas
     assert images["chart-loss"]["points"] == {"loss": EPOCHS, "val_loss": EPOCHS}
@@ -121,6 +133,8 @@ def test_report_of_a_real_local_run_in_a_headless_browser(tmp_path: Path, mnist_
     assert images["chart-speed"]["points"] == {"examples_per_s": EPOCHS}
     assert images["chart-timeline"]["points"]["phases"] == len(data["timeline"]["phases"])
     assert images["chart-goodput"]["points"] == charts["goodput"]
+    assert [n[0] for n in named] == ["chart-goodput", "chart-timeline", "chart-loss", "chart-accuracy", "chart-speed"]
+    assert all(role == "img" and label and label == title for _, role, label, title in named), named
     assert embedded["run_id"] == run_id and len(embedded["metrics"]) == EPOCHS
     for words in (
         "Final metrics",
@@ -183,6 +197,9 @@ def test_a_report_of_a_run_directory_with_damaged_files_still_comes(tmp_path: Pa
     assert any("spec.yaml is corrupt" in w for w in report.warnings)
     assert any("latest.json is corrupt" in w for w in report.warnings)
     assert 'id="chart-timeline"' in page and 'id="chart-loss"' in page
+    # inline, with the points it drew; the same SVG beside the page, as a file that parses
+    assert '<svg class="chart" id="chart-loss" data-points="{&quot;loss&quot;: 2}" xmlns=' in page
+    assert drawn((report.path.parent / "loss.svg").read_text()) == {"loss": 2}
     charts = {c["id"]: c["points"] for c in report.data["charts"]}
     assert charts["loss"] == {"loss": 2}  # the torn third line is not a point
     # an event dated 1e300 is no clock's reading: a warning naming its file, never a marker or a cost
