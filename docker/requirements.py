@@ -17,7 +17,7 @@ extra, with one change per variant:
     jax-gpu  jax[cuda12], no TensorFlow     JAX with NVIDIA's CUDA 12 wheels (host: driver >= 525.60.13)
 
 The TensorFlow variants leave out the extra's jax[cpu] and gcsfs; the JAX variants leave out tensorflow and tf-keras,
-and keep Keras 3, numpy, matplotlib, gcsfs (Orbax's gs:// paths without TensorFlow) and the control plane's packages
+and keep Keras 3, numpy, gcsfs (Orbax's gs:// paths without TensorFlow) and the control plane's packages
 (google-cloud-storage for the mirror, pydantic, ...).
 
 tf-keras requires the package `tensorflow`, which would install the full build over tensorflow-cpu or
