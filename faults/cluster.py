@@ -106,6 +106,23 @@ class Ground:
 
         return list(client.CoreV1Api(self.api).list_namespaced_pod(namespace).items)
 
+    def pods_described(self, namespace: str) -> list[str]:
+        """Each pod as it stands: enough to tell who made a pod that outlived its run (owner, restart attempt, when
+        made) and what holds it (phase, node, deletion asked)."""
+        from tpu_emulator.kube.jobset import RESTARTS
+
+        out = []
+        for pod in self.pods(namespace):
+            meta = pod.metadata
+            owners = ", ".join(f"{o.kind} {o.name}" for o in meta.owner_references or []) or "no owner"
+            attempt = (meta.labels or {}).get(RESTARTS, "?")
+            deleting = f", deletion asked {meta.deletion_timestamp:%H:%M:%S}" if meta.deletion_timestamp else ""
+            out.append(
+                f"pod {meta.name}: {pod.status.phase}, node {pod.spec.node_name or 'none'}, owned by {owners}, "
+                f"restart attempt {attempt}, made {meta.creation_timestamp:%H:%M:%S}{deleting}"
+            )
+        return out
+
     def jobsets(self, namespace: str) -> list[dict[str, Any]]:
         from kubernetes import client
 

@@ -372,6 +372,8 @@ class Suite:
         held = on_cluster()
         if held:
             ctx.problem(f"left on the GKE cluster: {', '.join(held)}")
+            for pod in ctx.cluster.pods_described(ctx.namespace) if ctx.cluster is not None else []:
+                ctx.note(pod)
         return len(ctx.own_nodes()) + len(left) + len(held)
 
     def _status(self, ctx: Ctx) -> str:
