@@ -370,9 +370,9 @@ class Suite:
         if left:
             ctx.problem(f"left on Compute Engine: {', '.join(left)}")
         held = on_cluster()
-        if held:
+        if held and ctx.cluster is not None:  # on_cluster() holds nothing without a cluster
             ctx.problem(f"left on the GKE cluster: {', '.join(held)}")
-            for pod in ctx.cluster.pods_described(ctx.namespace) if ctx.cluster is not None else []:
+            for pod in ctx.cluster.pods_described(ctx.namespace):
                 ctx.note(pod)
         return len(ctx.own_nodes()) + len(left) + len(held)
 
