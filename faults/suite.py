@@ -355,16 +355,18 @@ class Suite:
             ctx.proc.wait()
             return None
 
-    def _settle(self, ctx: Ctx, settle_s: float = 30.0) -> int:
+    def _settle(self, ctx: Ctx) -> int:
         """This run's machines left once it is over, after a short settle (a VM deleting itself, a delete going
         on): TPU nodes, on Compute Engine its instances, group, template and workload policy, and on a GKE cluster
-        its node pools, JobSet and pods."""
+        its node pools, JobSet and pods. On a cluster the settle outlasts the pod garbage collector's round (up to
+        60 s), which alone removes a pod whose node went before its deletion was confirmed: as on GKE."""
 
         def on_cluster() -> list[str]:
             return ctx.cluster.left_of(ctx.namespace, ctx.run_id) if ctx.cluster is not None else []
 
         ctx.wait_for(
-            lambda: not ctx.own_nodes() and not ctx.own_compute_resources() and not on_cluster(), timeout=settle_s
+            lambda: not ctx.own_nodes() and not ctx.own_compute_resources() and not on_cluster(),
+            timeout=30.0 if ctx.cluster is None else 90.0,
         )
         left = ctx.own_compute_resources()
         if left:

@@ -107,6 +107,26 @@ def test_a_quota_fault_names_the_quota(gke: Any, gke_client: Any) -> None:
     assert "[QUOTA_EXCEEDED]" in done.error.message and "Quota 'TPU_V5P_PREEMPTIBLE' exceeded" in done.error.message
 
 
+def test_a_cluster_busy_with_another_operation_refuses_pool_changes_until_it_is_done(gke: Any, gke_client: Any) -> None:
+    """The upgrade ends a set time after its last counted refusal, not after it began: before that it refuses every
+    change however long the client took to come (no test of it may hang on the machine's speed)."""
+    from google.api_core import exceptions
+    from google.cloud import container_v1
+
+    upgrade = gke.busy("proj", "us-central1", "tpu-cluster", 0.1, refusals=2)
+    operation = f"projects/proj/locations/us-central1/operations/{upgrade}"
+    for refusal in range(2):
+        with pytest.raises(exceptions.GoogleAPICallError) as refused:
+            gke_client.create_node_pool(parent=CLUSTER, node_pool=_pool(f"b-{uuid.uuid4().hex[:6]}"))
+        assert f"Cluster is running incompatible operation {upgrade}." in refused.value.message
+        if refusal == 0:  # its end is not set before the last counted refusal, whatever the time
+            assert gke_client.get_operation(name=operation).status == container_v1.Operation.Status.RUNNING
+    _done(gke_client, gke_client.get_operation(name=operation))
+    name = f"b-{uuid.uuid4().hex[:6]}"
+    assert _done(gke_client, gke_client.create_node_pool(parent=CLUSTER, node_pool=_pool(name))).error.code == 0
+    assert _done(gke_client, gke_client.delete_node_pool(name=f"{CLUSTER}/nodePools/{name}")).error.code == 0
+
+
 @pytest.mark.parametrize(
     ("pool", "words"),
     [

@@ -80,12 +80,12 @@ class GkeEmulator:
         again by its pool after the create delay; the pool's path."""
         return self.cloud.preempt(name, grace_s)
 
-    def busy(self, project: str, location: str, name: str, seconds: float) -> str:
-        """Another operation changes the cluster for `seconds`: node pool creates and deletes are refused
-        (FAILED_PRECONDITION) meanwhile; the operation's name."""
+    def busy(self, project: str, location: str, name: str, seconds: float, *, refusals: int = 0) -> str:
+        """Another operation changes the cluster until `seconds` after it has refused `refusals` node pool creates
+        or deletes (FAILED_PRECONDITION); the operation's name."""
         with self.cloud.lock:
             cluster = self.cloud.cluster(project, location, name)
-        return self.cloud.busy(cluster, seconds).name
+        return self.cloud.busy(cluster, seconds, refusals=refusals).name
 
     def node_pools(self) -> dict[str, dict[str, Any]]:
         """Every node pool by path, as the API shows it."""

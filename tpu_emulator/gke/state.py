@@ -168,6 +168,8 @@ class GkeCloud:
         self.pools: dict[str, NodePool] = {}
         self.operations: dict[str, Operation] = {}
         self._changing: dict[str, Operation] = {}  # cluster path -> the operation changing it (busy) while it runs
+        self._refusals_left: dict[str, int] = {}  # busy operation -> changes it refuses before its end is set
+        self._busy_for: dict[str, float] = {}  # busy operation -> how long it runs once those refusals are made
         self._agenda: list[tuple[float, Callable[[], None]]] = []
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -225,12 +227,21 @@ class GkeCloud:
         self.operations[name] = op
         return op
 
-    def busy(self, cluster: Cluster, seconds: float, kind: str = "UPGRADE_MASTER") -> Operation:
-        """Another operation changes `cluster` for `seconds` (not this client's: a teammate's, an upgrade)."""
+    def busy(self, cluster: Cluster, seconds: float, kind: str = "UPGRADE_MASTER", *, refusals: int = 0) -> Operation:
+        """Another operation changes `cluster` (not this client's: a teammate's, an upgrade): it ends `seconds` after
+        it has refused `refusals` node pool changes (at once when 0). Counting refusals, not time from the start, lets
+        a test be sure a client meets the operation however slowly the client comes."""
         with self.lock:
             op = self._operation(cluster, kind, cluster.path)
             self._changing[cluster.path] = op
+            self._refusals_left[op.name] = refusals
+        if refusals == 0:
+            self._end_busy(cluster, op, seconds)
+        else:
+            self._busy_for[op.name] = seconds
+        return op
 
+    def _end_busy(self, cluster: Cluster, op: Operation, seconds: float) -> None:
         def done() -> None:
             with self.lock:
                 op.status, op.ended = "DONE", time.time()
@@ -238,16 +249,21 @@ class GkeCloud:
                     del self._changing[cluster.path]
 
         self.later(seconds, done)
-        return op
 
     def _refuse_while_changing(self, cluster: Cluster) -> None:
         op = self._changing.get(cluster.path)
-        if op is not None:
-            raise ApiError(
-                "FAILED_PRECONDITION",
-                f"Cluster is running incompatible operation {op.name}.",
-                [error_info("CLUSTER_ALREADY_HAS_OPERATION", "container.googleapis.com", {})],
-            )
+        if op is None:
+            return
+        left = self._refusals_left.get(op.name, 0)
+        if left > 0:
+            self._refusals_left[op.name] = left - 1
+            if left == 1:
+                self._end_busy(cluster, op, self._busy_for.pop(op.name))
+        raise ApiError(
+            "FAILED_PRECONDITION",
+            f"Cluster is running incompatible operation {op.name}.",
+            [error_info("CLUSTER_ALREADY_HAS_OPERATION", "container.googleapis.com", {})],
+        )
 
     def create_pool(self, cluster: Cluster, spec: dict[str, Any]) -> Operation:
         self._refuse_while_changing(cluster)

@@ -111,13 +111,20 @@ class Component:
         self.popen = None
 
 
+# The controllers a GKE control plane runs that a run's objects meet: the garbage collector (owner references, the
+# foreground delete), the Job controller (the JobSet's Jobs make pods) and the pod garbage collector, which deletes
+# a pod bound to a node that is gone (40 s after it last saw the node, checking every 20 s): with no kubelet left to
+# confirm its deletion, nothing else ever removes such a pod.
+CONTROLLERS = ("garbagecollector", "job", "podgc")
+
+
 @dataclass
 class KubeCluster:
     """etcd + kube-apiserver (+ kube-scheduler, + kube-controller-manager with `controllers`) on 127.0.0.1."""
 
     workdir: Path
     scheduler: bool = True
-    controllers: tuple[str, ...] = ("garbagecollector", "job")  # () runs no kube-controller-manager
+    controllers: tuple[str, ...] = CONTROLLERS  # () runs no kube-controller-manager
     crds: tuple[Path, ...] = (JOBSET_CRD,)
     ready_timeout_s: float = 180.0
     token: str = field(default_factory=lambda: uuid.uuid4().hex)

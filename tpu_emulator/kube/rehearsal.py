@@ -18,7 +18,7 @@ from typing import Any
 from runner.backends.container import Prefer
 from runner.launch.engine import Engine
 from tpu_emulator.kube import nodes
-from tpu_emulator.kube.cluster import KubeCluster
+from tpu_emulator.kube.cluster import CONTROLLERS, KubeCluster
 from tpu_emulator.kube.jobset import JobSetController
 from tpu_emulator.kube.kubelet import Kubelet
 from tpu_emulator.kube.nodes import TpuNode
@@ -31,7 +31,7 @@ class KubeRehearsal:
         workdir: Path,
         *,
         scheduler: bool = True,
-        controllers: tuple[str, ...] = ("garbagecollector", "job"),
+        controllers: tuple[str, ...] = CONTROLLERS,
         kubelet_mode: Prefer = "process",
         engine: Engine | None = None,
         max_grace_s: float = 30.0,
