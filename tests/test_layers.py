@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("launch.variants",),
     ("launch.imageref",),
     ("credentials", "interrupts", "timings", "redact", "__version__"),
-    ("contract", "errors"),
+    ("contract", "errors", "environ"),
 ]
 RANK = {unit: rank for rank, line in enumerate(LAYERS) for unit in line}
 

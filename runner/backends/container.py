@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from runner import contract
+from runner.environ import snapshot
 from runner.launch import deps
 from runner.launch import engine as engines
 from runner.launch.engine import Engine
@@ -187,7 +188,7 @@ def start(launch: Launch, output: Path) -> subprocess.Popen[bytes]:
     if launch.install is not None:
         deps.ensure(launch.install)
     output.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **launch.env}
+    env = {**snapshot(), **launch.env}
     with output.open("ab") as out:
         return subprocess.Popen(
             launch.argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -24,13 +24,14 @@ Standard library only; nothing here runs at import.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from runner.environ import snapshot
 
 ENGINE_ENV = "RUNNER_CONTAINER_ENGINE"
 EngineName = Literal["docker", "podman"]
@@ -64,7 +65,7 @@ class Engine:
 
     def env(self) -> dict[str, str]:
         """The environment its CLI runs with."""
-        return {**os.environ, **self.settings()}
+        return {**snapshot(), **self.settings()}
 
     def run(self, *args: str, timeout: float = 60, capture: bool = True) -> subprocess.CompletedProcess[str]:
         """The CLI with `args`; never raises for a failing command (see returncode), only for a missing CLI."""
@@ -90,7 +91,7 @@ def cache_dir() -> Path:
 
 def podman_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
     """CONTAINERS_* variables for the project's Podman settings that exist and are not set already."""
-    environ = dict(os.environ if environ is None else environ)
+    environ = snapshot() if environ is None else dict(environ)
     if any(key in environ for key in CONFIG_ENV):
         return {}  # the caller chose its own configuration: leave all of it alone
     found = {key: cache_dir() / name for key, name in CONFIG_ENV.items()}
@@ -102,7 +103,7 @@ def probe(name: EngineName, environ: dict[str, str] | None = None) -> Engine | N
     cli = shutil.which(name)
     if cli is None:
         return None
-    env = dict(os.environ if environ is None else environ)
+    env = snapshot() if environ is None else dict(environ)
     if name == "podman":
         env.update(podman_settings(env))
     try:
@@ -122,7 +123,7 @@ def probe(name: EngineName, environ: dict[str, str] | None = None) -> Engine | N
 
 def detect(environ: dict[str, str] | None = None) -> Found:
     """The engine to use here (see the module docstring). Raises UsageError for an unknown RUNNER_CONTAINER_ENGINE."""
-    environ = dict(os.environ if environ is None else environ)
+    environ = snapshot() if environ is None else dict(environ)
     chosen = environ.get(ENGINE_ENV, "").strip().lower()
     if chosen and chosen not in ENGINES:
         from runner.errors import UsageError

@@ -121,6 +121,29 @@ def test_a_jobset_runs_on_tpu_nodes_and_completes(kube: Any, kube_api: Any, kube
     assert service.spec.cluster_ip == "None"
 
 
+def test_a_reconcile_that_fails_once_is_tried_again(
+    kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A passing fault in the JobSet controller (the API server away, a connection reset) is not the JobSet's end:
+    the reconcile is tried again after a backoff, as the real controller's work queue does, and the Jobs come."""
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    controller = kube.jobsets
+    reconcile, failed = controller.reconcile, []
+
+    def failing_once(namespace: str, js: str) -> None:
+        if js == name and not failed:
+            failed.append(js)
+            raise ConnectionResetError("connection reset by peer")
+        reconcile(namespace, js)
+
+    monkeypatch.setattr(controller, "reconcile", failing_once)
+    _create(kube_api, kube_namespace, jobset_manifest(name, tpu_pool, command=REPORT))
+    _, _, batch = _apis(kube_api)
+    wait_for(lambda: batch.list_namespaced_job(kube_namespace, label_selector=f"{NAME}={name}").items, "its Job")
+    assert failed == [name]
+    assert any(e.startswith(f"{kube_namespace}/{name}: ConnectionResetError") for e in controller.errors)
+
+
 def test_the_real_scheduler_leaves_what_does_not_fit_pending(kube_api: Any, kube_namespace: str, tpu_pool: str) -> None:
     _, core, _ = _apis(kube_api)
 

@@ -207,10 +207,16 @@ class KubeCluster:
     # -- what tests and backends use ----------------------------------------------------------------------------
 
     def client(self) -> ApiClient:
-        """The official client, configured from the kubeconfig (as a backend given a kubeconfig context would)."""
-        from kubernetes import config
+        """The official client, configured from the kubeconfig (as a backend given a kubeconfig context would).
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        No proxy, said outright (the API server is on loopback): a configuration left to find its proxy in the
+        environment reads all of os.environ again on every request (the kubeconfig's token hook sets its host
+        anew), and a test runner changing a variable meanwhile makes that request raise KeyError."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration(proxy="", no_proxy="")
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        return client.ApiClient(configuration)
 
     def apply_crd(self, path: Path) -> None:
         """Create the CRD in `path` unmodified and wait until it is Established and its API is served."""

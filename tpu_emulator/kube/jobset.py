@@ -43,6 +43,8 @@ GLOBAL_INDEX = PREFIX + "job-global-index"
 GLOBAL_REPLICAS = PREFIX + "global-replicas"
 JOB_KEY = PREFIX + "job-key"
 RESTARTS = PREFIX + "restart-attempt"
+# A failed reconcile's next try: the first after MIN_BACKOFF_S, each one after twice the last, at most MAX_BACKOFF_S.
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.05, 10.0
 
 
 def _now() -> str:
@@ -169,6 +171,7 @@ class JobSetController:
         self._before: dict[str, Any] = {}
         self._services: set[tuple[str, str]] = set()
         self.errors: list[str] = []
+        self._backoff: dict[tuple[str, str], float] = {}  # a failing JobSet -> its next try's delay
 
     def start(self) -> None:
         self._thread.start()
@@ -213,6 +216,7 @@ class JobSetController:
         while (key := self._queue.get()) is not None:
             try:
                 self.reconcile(*key)
+                self._backoff.pop(key, None)
             except ApiException as exc:
                 if exc.status == 409:  # written meanwhile: read it again
                     self.nudge(*key)
@@ -222,8 +226,15 @@ class JobSetController:
                 self._error(key, exc)
 
     def _error(self, key: tuple[str, str], exc: BaseException) -> None:
+        """A reconcile that failed is tried again after a backoff that doubles up to MAX_BACKOFF_S, as the real
+        controller's work queue does: a passing fault (the API server away, a connection reset) must not leave a
+        JobSet without its Jobs until some other change to it comes."""
         self.errors.append(f"{key[0]}/{key[1]}: {exc!r}"[:500])
         print(f"[kube] jobset controller, {key[0]}/{key[1]}: {exc!r}"[:500], file=sys.stderr)
+        delay = self._backoff[key] = min(MAX_BACKOFF_S, 2 * self._backoff.get(key, MIN_BACKOFF_S / 2))
+        timer = threading.Timer(delay, self.nudge, key)
+        timer.daemon = True
+        timer.start()
 
     # -- reconcile ----------------------------------------------------------------------------------------------
 
