@@ -16,7 +16,8 @@ as a TPU job needs it, against the real API server (whose Job controller and gar
 
 Not played: suspend, startupPolicy, failurePolicy.rules, coordinator, exclusive placement, volumeClaimPolicies,
 managedBy (the runner's JobSets use none of them; the manifest validator still checks them against the CRD).
-Status is written through the status subresource with the resourceVersion read (a conflict is read again).
+Status is written through the status subresource with the resourceVersion read (a conflict is read again); any
+other failed reconcile is tried again after a doubling backoff, as the controller's work queue does.
 """
 
 from __future__ import annotations
