@@ -28,6 +28,7 @@ from tpu_emulator.errors import ApiError, not_found
 from tpu_emulator.faults import Faults
 from tpu_emulator.resources import project_number
 from tpu_emulator.state import After, Cloud
+from tpu_emulator.stderr import note
 
 SEG = r"([^/:]+)"
 _PROJECT = re.compile(r"^/v2/projects/([^/]+)")
@@ -225,7 +226,7 @@ class SchemaCheck:
         if not problems:
             return response
         text = "; ".join(f"{field}: {description}" for field, description in problems)
-        print(f"[emulator] answer of {method_id} breaks {self.doc.name}.{self.doc.version}: {text}", file=sys.stderr)
+        note(f"[emulator] answer of {method_id} breaks {self.doc.name}.{self.doc.version}: {text}")
         error = Response.error(ApiError("INTERNAL", f"The emulator's answer to {method_id} breaks the schema: {text}"))
         error.method_id, error.after = response.method_id, response.after
         return error

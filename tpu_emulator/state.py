@@ -43,6 +43,7 @@ from tpu_emulator.faults import OTHER_RUN_LABELS, Faults
 from tpu_emulator.queued import QueuedResources
 from tpu_emulator.resources import Node, Operation, QueuedResource, region_of
 from tpu_emulator.scheduler import Agenda, Scheduler
+from tpu_emulator.stderr import note
 from tpu_emulator.vm import VmGroup, VmLauncher
 
 _R = TypeVar("_R")
@@ -230,7 +231,7 @@ class Cloud:
                     clock_skew_s=node.clock_skew_s,
                 )
         except OSError as exc:
-            print(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}", flush=True)
+            note(f"[tpu-emulator] could not boot the VMs of {node.name}: {exc}")
 
     def _coordinator(self, node: Node) -> str | None:
         """The JAX coordinator address the VMs of a multi-host node share, and with it every slice of the same

@@ -41,6 +41,7 @@ from tpu_emulator.gce.resize import ResizeRequests
 from tpu_emulator.gce.resources import Instance, Operation, Policy, Template, parse_link
 from tpu_emulator.resources import region_of
 from tpu_emulator.scheduler import Agenda, Scheduler
+from tpu_emulator.stderr import note
 from tpu_emulator.vm import VmGroup, VmLauncher
 
 After = Callable[[], None]
@@ -262,7 +263,7 @@ class ComputeCloud:
                 instance.project, instance.zone, instance.name, script, instance.coordinator
             )
         except OSError as exc:
-            print(f"[tpu-emulator] could not boot {instance.path}: {exc}", flush=True)
+            note(f"[tpu-emulator] could not boot {instance.path}: {exc}")
 
     def _schedule_run_end(self, instance: Instance) -> None:
         duration = instance.scheduling.get("maxRunDuration")

@@ -44,6 +44,7 @@ from tpu_emulator.errors import ApiError, error_info
 from tpu_emulator.faults import Faults
 from tpu_emulator.gke.machines import TpuMachine, topology_chips, tpu_machine
 from tpu_emulator.kube.nodes import TpuNode
+from tpu_emulator.stderr import note
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)(\.\d+)?s$")
@@ -199,7 +200,7 @@ class GkeCloud:
                 try:
                     step()
                 except Exception as exc:  # the API server away: tell the pool, never kill the clock
-                    print(f"[gke-emulator] {exc!r}")
+                    note(f"[gke-emulator] {exc!r}")
 
     # -- reads --------------------------------------------------------------------------------------------------
 

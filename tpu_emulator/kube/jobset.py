@@ -25,13 +25,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import queue
-import sys
 import threading
 from datetime import datetime, timezone
 from typing import Any
 
 from tpu_emulator.kube.watching import Follower
 from tpu_emulator.kube.webhook import COMPLETION_MODE
+from tpu_emulator.stderr import note
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 PREFIX = "jobset.sigs.k8s.io/"
@@ -79,7 +79,7 @@ def build_job(js: dict[str, Any], rjob: dict[str, Any], index: int, global_index
     meta = js["metadata"]
     template = copy.deepcopy(rjob["template"])
     name = job_name(js, rjob, index)
-    total = sum(int(r.get("replicas", 1)) for r in js["spec"]["replicatedJobs"])
+    total = sum(int(r.get("replicas", 1)) for r in _replicated(js))
     marks = {
         NAME: meta["name"],
         UID: meta["uid"],
@@ -126,6 +126,12 @@ def _quantities_as_strings(pod_spec: dict[str, Any]) -> None:
                 values = (c.get("resources") or {}).get(part) or {}
                 for name, value in values.items():
                     values[name] = str(value)
+
+
+def _replicated(js: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JobSet's replicatedJobs; none where the field is missing (the API server prunes a misspelled one), as the
+    controller's Go code ranges over a nil list."""
+    return list(js["spec"].get("replicatedJobs") or [])
 
 
 def _owner(js: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +237,8 @@ class JobSetController:
         controller's work queue does: a passing fault (the API server away, a connection reset) must not leave a
         JobSet without its Jobs until some other change to it comes."""
         self.errors.append(f"{key[0]}/{key[1]}: {exc!r}"[:500])
-        print(f"[kube] jobset controller, {key[0]}/{key[1]}: {exc!r}"[:500], file=sys.stderr)
+        if key not in self._backoff:  # said once for each run of failures, not at every try
+            note(f"[kube] jobset controller, {key[0]}/{key[1]}: {exc!r} (tried again until it passes)"[:500])
         delay = self._backoff[key] = min(MAX_BACKOFF_S, 2 * self._backoff.get(key, MIN_BACKOFF_S / 2))
         timer = threading.Timer(delay, self.nudge, key)
         timer.daemon = True
@@ -277,7 +284,7 @@ class JobSetController:
             self._finish(js, current, "Completed", "AllJobsCompleted", "jobset completed successfully")
             return
         global_index = 0
-        for rjob in js["spec"]["replicatedJobs"]:
+        for rjob in _replicated(js):
             for index in range(int(rjob.get("replicas", 1))):
                 if job_name(js, rjob, index) not in names:  # an old attempt's Job of this name: wait for it to go
                     try:
@@ -290,10 +297,10 @@ class JobSetController:
 
     def _succeeded(self, js: dict[str, Any], current: list[Any]) -> bool:
         policy = js["spec"].get("successPolicy") or {}
-        targets = set(policy.get("targetReplicatedJobs") or [r["name"] for r in js["spec"]["replicatedJobs"]])
+        targets = set(policy.get("targetReplicatedJobs") or [r["name"] for r in _replicated(js)])
         expected = {
             job_name(js, r, i)
-            for r in js["spec"]["replicatedJobs"]
+            for r in _replicated(js)
             if r["name"] in targets
             for i in range(int(r.get("replicas", 1)))
         }
@@ -315,7 +322,7 @@ class JobSetController:
 
     def _write_status(self, js: dict[str, Any], current: list[Any]) -> None:
         rows = []
-        for rjob in js["spec"]["replicatedJobs"]:
+        for rjob in _replicated(js):
             mine = [j for j in current if (j.metadata.labels or {}).get(REPLICATED_JOB) == rjob["name"]]
             rows.append(
                 {

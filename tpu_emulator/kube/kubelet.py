@@ -26,7 +26,6 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ from tpu_emulator.kube.jobset import GLOBAL_INDEX, GLOBAL_REPLICAS, RESTARTS
 from tpu_emulator.kube.jobset import UID as JOBSET_UID
 from tpu_emulator.kube.nodes import PLAYED_LABEL
 from tpu_emulator.kube.watching import Follower
+from tpu_emulator.stderr import note
 
 RUN_ANNOTATION = "tpu-emulator.kube/run"  # on a pod: "container" or "process", over the kubelet's own mode
 MARKER = "RUNNER_EMULATOR_POD"  # <pod uid>, in every process of a pod: stopping the pod finds them all
@@ -248,7 +248,7 @@ class Kubelet:
                 run.containers.append(self._start_container(pod, spec, run))
         except Exception as exc:
             self.errors.append(f"{meta.namespace}/{meta.name}: {exc!r}")
-            print(f"[kube] kubelet could not start {meta.namespace}/{meta.name}: {exc!r}", file=sys.stderr)
+            note(f"[kube] kubelet could not start {meta.namespace}/{meta.name}: {exc!r}")
             self._kill(run, 0.0)
             self._write_status(run, "Failed", reason="StartError", message=str(exc)[:500])
             run.done.set()

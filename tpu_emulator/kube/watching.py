@@ -11,11 +11,12 @@ seen, so no event is lost and none is seen twice.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tpu_emulator.stderr import note
 
 Handler = Callable[[str, Any], None]  # (ADDED | MODIFIED | DELETED, the object as the client returns it)
 
@@ -97,5 +98,5 @@ class Follower:
     def _pause(self, exc: BaseException) -> None:
         if not self.stop.is_set():
             with contextlib.suppress(Exception):
-                print(f"[kube] {self.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+                note(f"[kube] {self.name}: {type(exc).__name__}: {str(exc)[:200]}")
             self.stop.wait(self.retry_s)

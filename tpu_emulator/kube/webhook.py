@@ -26,7 +26,6 @@ import contextlib
 import fnmatch
 import json
 import ssl
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_emulator.kube.certs import serving_cert
+from tpu_emulator.stderr import note
 
 COMPLETION_MODE = "tpu-emulator.kube/completion-mode"  # on a Job: what 1.20 pruned from its spec
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -102,7 +102,7 @@ class PodWebhook:
                     refuse = self.path.partition("?")[0] == "/refuse"  # the API server adds ?timeout=
                     answer = webhook.refusal(review) if refuse else webhook.review(review)
                 except Exception as exc:  # a bug here must not hang the API server: refuse, naming it
-                    print(f"[kube] webhook: {exc!r}", file=sys.stderr)
+                    note(f"[kube] webhook: {exc!r}")
                     answer = {
                         "apiVersion": "admission.k8s.io/v1",
                         "kind": "AdmissionReview",
