@@ -5,6 +5,7 @@ taint and google.com/tpu, the played kubelet runs them, and the real garbage col
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,9 +82,22 @@ def _pods(api: Any, namespace: str, name: str) -> list[Any]:
     return list(core.list_namespaced_pod(namespace, label_selector=f"{NAME}={name}").items)
 
 
-def test_a_jobset_runs_on_tpu_nodes_and_completes(kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str) -> None:
+def _together(directory: Path, hosts: int = 2) -> list[str]:
+    """REPORT once every host of the slice has started (a file each in `directory`, the pods being processes on this
+    machine): a slice's hosts run at once, as on a TPU slice. Without it the Job controller may make the second pod
+    after the first has ended, and the scheduler may put it on the node the first left free."""
+    wait = (
+        f"import os, pathlib, time; d = pathlib.Path({str(directory)!r}); (d / e['TPU_WORKER_ID']).touch()\n"
+        f"while len(list(d.iterdir())) < {hosts}: time.sleep(0.05)\n"
+    )
+    return [*REPORT[:2], "import os; e = os.environ\n" + wait + REPORT[2]]
+
+
+def test_a_jobset_runs_on_tpu_nodes_and_completes(
+    kube: Any, kube_api: Any, kube_namespace: str, tpu_pool: str, tmp_path: Path
+) -> None:
     name = f"js-{uuid.uuid4().hex[:6]}"
-    _create(kube_api, kube_namespace, jobset_manifest(name, tpu_pool, command=REPORT))
+    _create(kube_api, kube_namespace, jobset_manifest(name, tpu_pool, command=_together(tmp_path)))
 
     js = wait_for(
         lambda: _jobset_with(kube_api, kube_namespace, name, "Completed"),
