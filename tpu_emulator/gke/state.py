@@ -169,8 +169,8 @@ class GkeCloud:
         self.pools: dict[str, NodePool] = {}
         self.operations: dict[str, Operation] = {}
         self._changing: dict[str, Operation] = {}  # cluster path -> the operation changing it (busy) while it runs
-        self._refusals_left: dict[str, int] = {}  # busy operation -> changes it refuses before its end is set
-        self._busy_for: dict[str, float] = {}  # busy operation -> how long it runs once those refusals are made
+        # busy operation -> (changes it refuses before its end is set, how long it runs after the last of them)
+        self._busy_ends: dict[str, tuple[int, float]] = {}
         self._agenda: list[tuple[float, Callable[[], None]]] = []
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -235,11 +235,10 @@ class GkeCloud:
         with self.lock:
             op = self._operation(cluster, kind, cluster.path)
             self._changing[cluster.path] = op
-            self._refusals_left[op.name] = refusals
+            if refusals > 0:
+                self._busy_ends[op.name] = (refusals, seconds)
         if refusals == 0:
             self._end_busy(cluster, op, seconds)
-        else:
-            self._busy_for[op.name] = seconds
         return op
 
     def _end_busy(self, cluster: Cluster, op: Operation, seconds: float) -> None:
@@ -255,11 +254,12 @@ class GkeCloud:
         op = self._changing.get(cluster.path)
         if op is None:
             return
-        left = self._refusals_left.get(op.name, 0)
-        if left > 0:
-            self._refusals_left[op.name] = left - 1
-            if left == 1:
-                self._end_busy(cluster, op, self._busy_for.pop(op.name))
+        if op.name in self._busy_ends:
+            left, seconds = self._busy_ends.pop(op.name)
+            if left > 1:
+                self._busy_ends[op.name] = (left - 1, seconds)
+            else:
+                self._end_busy(cluster, op, seconds)
         raise ApiError(
             "FAILED_PRECONDITION",
             f"Cluster is running incompatible operation {op.name}.",

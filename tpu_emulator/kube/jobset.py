@@ -223,14 +223,16 @@ class JobSetController:
         while (key := self._queue.get()) is not None:
             try:
                 self.reconcile(*key)
-                self._backoff.pop(key, None)
             except ApiException as exc:
                 if exc.status == 409:  # written meanwhile: read it again
                     self.nudge(*key)
-                elif exc.status != 404:
+                elif exc.status != 404:  # 404: the JobSet is gone, nothing to try again
                     self._error(key, exc)
+                    continue
             except Exception as exc:
                 self._error(key, exc)
+                continue
+            self._backoff.pop(key, None)  # its run of failures, if any, is over
 
     def _error(self, key: tuple[str, str], exc: BaseException) -> None:
         """A reconcile that failed is tried again after a backoff that doubles up to MAX_BACKOFF_S, as the real
