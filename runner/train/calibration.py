@@ -112,7 +112,7 @@ def timings_text(ms_per_step: Timings) -> str:
 class PrecisionChoice:
     policy: str
     reason: str  # said on the perf line and kept in summary.json
-    source: str  # requested | table | calibrated | cached | uncalibrated | calibration failed
+    source: str  # requested | table | calibrated | cached | deferred | uncalibrated | calibration failed
     calibration: dict[str, Any] | None = None  # the cache entry behind a calibrated or cached choice
     dropout: str = "keras"  # keras | xla (fused_dropout.py)
 
@@ -224,16 +224,22 @@ def calibrated_choice(
     *,
     root: Path | None = None,
     now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+    defer: bool = False,
 ) -> PrecisionChoice:
     """The variant a calibration picks among `candidates` (the plain one first): from the start-up cache when an
     entry for `key` (what the timing depends on) and these candidates is there, else timed now and stored. A failed
-    timing keeps the plain variant; an entry that cannot be stored is said in the reason."""
+    timing keeps the plain variant; an entry that cannot be stored is said in the reason. `defer`: without a cache
+    entry, the plain variant for now (source "deferred"), for a trainer that starts at once and calibrates later."""
     full = {**key, "candidates": list(candidates), "method": METHOD}
     cached = startcache.read(CACHE_KIND, full, root)
     rounds = _cached_timings(cached, candidates)
     if rounds is not None and cached is not None:
         when = str(cached.get("measured", "?"))[:10]
         return _choice(cached["variant"], f"cached from {when}: {timings_text(rounds)}", "cached", cached)
+    if defer:
+        policy, dropout = split_variant(candidates[0])
+        reason = f"not calibrated yet: {len(candidates)} variants to time"
+        return PrecisionChoice(policy, reason, "deferred", None, dropout)
     try:
         timings: dict[str, list[float]] = {v: _rounds(t) for v, t in calibrate(candidates).items()}
         chosen = pick_from_timings(timings)

@@ -11,8 +11,8 @@ Two phases, because TensorFlow reads some settings only once:
     process_environment()       before `import tensorflow`: oneDNN
     configure_threads(tf)       after the import, before the first op: thread pools when a CPU quota is set
     plan = plan_for(kind, ...)  after strategy resolution, before the run's model is built: precision policy
-                                and dropout kernel (calibrated on CPUs, kept in the start-up cache), XLA, steps per
-                                execution
+                                and dropout kernel (calibrated on CPUs, kept in the start-up cache; or deferred,
+                                for the trainer to calibrate after its first epoch), XLA, steps per execution
 
 Nothing here imports TensorFlow at module level; the functions that need it take it as an argument.
 """
@@ -96,11 +96,12 @@ def choose_precision(
     calibrate: Calibrator | None = None,
     key: Mapping[str, Any] | None = None,
     cache_root: Path | None = None,
+    defer: bool = False,
 ) -> PrecisionChoice:
     """The policy, the dropout kernel and why. A TPU or GPU takes the table's (choices.py); only a CPU has a real
     choice to make (bfloat16 where it is native, the fused dropout where the model has dropout: `fusable`), and
     there it is measured (calibrate, kept in the start-up cache under `key`) instead of assumed: the plain variant
-    stays unless another wins."""
+    stays unless another wins. `defer`: without a cached pick, the plain variant until the caller calibrates."""
     table = choices.device_precision(kind, capability, requested)
     if table is not None and kind != "cpu":
         return PrecisionChoice(table.policy, table.reason, table.source)
@@ -113,7 +114,7 @@ def choose_precision(
     if calibrate is None:
         native = "native bfloat16, " if requested == "auto" and cpu.has_native_bf16(flags) else ""
         return PrecisionChoice(policy, f"{native}not calibrated (no model and batch given)", "uncalibrated")
-    return calibration.calibrated_choice(candidates, calibrate, key or {}, root=cache_root)
+    return calibration.calibrated_choice(candidates, calibrate, key or {}, root=cache_root, defer=defer)
 
 
 def calibration_key(
@@ -155,6 +156,8 @@ class PerfPlan:
     calibration: dict[str, Any] | None = None
     cpu_flags_override: str | None = None  # $RUNNER_CPU_FLAGS, when it changed what the choices saw
     dropout: str = "keras"  # keras | xla: the model's dropout layers draw their masks in one XLA kernel
+    # A deferred calibration (plan_for's defer) ran after this many epochs; those trained the plain variant.
+    calibrated_after_epoch: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,10 +195,13 @@ def plan_for(
     environ: Mapping[str, str] | None = None,
     input_shape: Sequence[int] = (28, 28, 1),
     classes: int = 10,
+    defer: bool = False,
 ) -> PerfPlan:
     """The run's choices. With `model` and `batch_size` (and `tf`), a CPU times the variants it has a choice
     between for them (calibration.py), or takes the start-up cache's pick for the same key; call it before building
-    the run's model, as both clear Keras' session. `calibrate` and `cache_root` replace those in tests."""
+    the run's model, as both clear Keras' session. `defer`: no timing now; without a cached pick the plan is the
+    plain variant, its precision_source "deferred", and the caller plans again (without `defer`) when it can spare
+    the time. `calibrate` and `cache_root` replace those in tests."""
     machine = cpu.detect(cpuinfo, environ)
     capability = gpu_capability(tf) if tf is not None and kind == "gpu" else None
     jit = jit_compile(kind) if requested_jit is None else requested_jit
@@ -226,6 +232,7 @@ def plan_for(
         calibrate=calibrate,
         key=key,
         cache_root=cache_root,
+        defer=defer,
     )
     return PerfPlan(
         kind=kind,

@@ -9,6 +9,10 @@ The engine (runner.train.engines: TensorFlow, or Keras 3 on JAX) answers what di
 framework, the devices, the speed choices, the feed. Everything else is here once. The callbacks are the library
 that a user's own fit gets with keras_callbacks() (runner.train.library): one implementation for both.
 
+A CPU calibration (perf.py) the start-up cache cannot answer does not hold up the first step of a run on one
+process: the first epoch trains in the plain variant, the variants are timed after it, and the epochs left train in
+the one picked (calibrate_between_epochs).
+
 Each epoch is its own fit call over that epoch's data (the feed's order is a pure function of seed and epoch), so
 a job stopped mid-epoch resumes at the exact step: one fit over the rest of that epoch, then the next epochs. Keras
 keeps the compiled train function across fit calls (checked for Keras 3.15 and tf_keras 2.20: no retrace; about
@@ -24,7 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runner import contract
@@ -73,6 +77,7 @@ class Prepared:
     versions: dict[str, str] = field(default_factory=dict)  # summary.json's "versions"
     chief: bool = True  # writes the run directory (False: a process other than 0 of a multi-worker run)
     classes: int = 0
+    inputs: Any = None  # inputs.Inputs: the model's examples and labels (a deferred calibration rebuilds the model)
 
     @property
     def framework(self) -> str:
@@ -123,14 +128,19 @@ def compile_model(model: Any, cfg: TrainingSpec, keras: Any, plan: Any, labels: 
 
 
 def prepare(
-    cfg: TrainingSpec, ctx: contract.JobContext, jit_compile: bool | None = None, milestones: Milestones | None = None
+    cfg: TrainingSpec,
+    ctx: contract.JobContext,
+    jit_compile: bool | None = None,
+    milestones: Milestones | None = None,
+    defer_calibration: bool = False,
 ) -> Prepared:
     """Everything before the first epoch, on the engine cfg.framework names. `jit_compile` overrides the device's
     choice (perf.py), for `runner bench` to measure the alternative on the device at hand (TensorFlow only: JAX
-    always compiles). `milestones` records the start-up's (the trainer's own run)."""
+    always compiles). `milestones` records the start-up's (the trainer's own run). `defer_calibration`: a CPU
+    calibration the start-up cache cannot answer is left for calibrate_between_epochs (one process only)."""
     from runner.datasets import DatasetError
+    from runner.train import agreement
     from runner.train import inputs as data_inputs
-    from runner.train.models import CodeError, build_model
 
     t_start = time.time()
     engine = engine_for(cfg.framework)
@@ -165,10 +175,14 @@ def prepare(
     if milestones is not None and chief:
         milestones.took(DATA_LOADED, t0, dataset=data.source, train_examples=data.train_examples)
     _say(f"[trainer] data: {_describe_data(data, cfg, replicas, steps)}")
+    # A process on its own starts training at once and times the variants after its first epoch; the processes of a
+    # multi-process run would all wait on the chief's timing whenever it came, and switching variants between
+    # epochs would rebuild a model in every one of them together, so they time before the first step.
+    defer = defer_calibration and agreement.collective(engine.framework, resolved) is None
     try:
         # Only the chief times the variants, for arrays of its model: the run's choice is one (one_choice).
         measured = cfg.model if chief and not data.datasets else None
-        plan = engine.plan(resolved, steps, cfg, model=measured, jit_compile=jit_compile, inputs=data)
+        plan = engine.plan(resolved, steps, cfg, model=measured, jit_compile=jit_compile, inputs=data, defer=defer)
     except ValueError as exc:
         raise TrainerError(str(exc)) from exc
     plan = one_choice(plan, engine.framework, resolved, chief)
@@ -176,17 +190,8 @@ def prepare(
     shuffle = engine.shuffle if not data.datasets else "the job's tf.data.Dataset"
     order = DataOrder(cfg.seed, data.train_examples, cfg.batch_size, steps, shuffle=shuffle)
 
-    engine.before_build(keras, cfg.seed)
-    # Layers built from here on compute in this dtype, the restored model's too: the plan decides, not a checkpoint.
-    keras.mixed_precision.set_global_policy(plan.precision)
+    model = build_for(plan, cfg, engine, keras, resolved, data)
     with engine.scope(resolved):
-        try:
-            model = build_model(cfg.model, keras, data.example_shape, data.classes or 10)
-        except CodeError as exc:
-            raise TrainerError(str(exc)) from exc
-        data_inputs.check_model(model, cfg.model, data)
-        compile_model(model, cfg, keras, plan, data.labels)
-        engine.after_build(model, plan)
         t0 = time.monotonic()
         resumed = restore_into(model, chooser, first, engine.keras_impl, engine.framework, _say)
     if milestones is not None and chief and first is not None:
@@ -237,7 +242,77 @@ def prepare(
         versions=versions,
         chief=chief,
         classes=data.classes,
+        inputs=data,
     )
+
+
+def build_for(plan: Any, cfg: TrainingSpec, engine: Engine, keras: Any, resolved: Any, inputs: Any) -> Any:
+    """The run's model (built-in, or yours) under `plan`, in the engine's scope, checked against the data and
+    compiled."""
+    from runner.train.inputs import check_model
+    from runner.train.models import CodeError, build_model
+
+    engine.before_build(keras, cfg.seed)
+    # Layers built from here on compute in this dtype, the restored model's too: the plan decides, not a checkpoint.
+    keras.mixed_precision.set_global_policy(plan.precision)
+    with engine.scope(resolved):
+        try:
+            model = build_model(cfg.model, keras, inputs.example_shape, inputs.classes or 10)
+        except CodeError as exc:
+            raise TrainerError(str(exc)) from exc
+        check_model(model, cfg.model, inputs)
+        compile_model(model, cfg, keras, plan, inputs.labels)
+        engine.after_build(model, plan)
+    return model
+
+
+def calibrate_between_epochs(run: Prepared, callbacks: list[Any]) -> None:
+    """The CPU calibration prepare() deferred (the plan's precision_source "deferred"), done now that an epoch has
+    trained: the variants are timed (and the pick cached) as they would have been before the first step, and when
+    another than the plain one wins, the rest of the run trains in it: the model is built again in that variant and
+    takes the weights, dropout seeds and optimizer state the epochs so far left (variables are float32 under every
+    variant, so nothing is rounded; only the computation changes, as with a resume under another cached pick)."""
+    if run.perf.precision_source != "deferred":
+        return
+    epoch = run.cursor.position[0]
+    t0 = time.monotonic()
+    # Same arguments as prepare()'s, without defer: the cache is read again (a run beside may have filled it).
+    jit = run.perf.jit_compile
+    plan = run.engine.plan(run.resolved, run.steps, run.cfg, model=run.cfg.model, jit_compile=jit, inputs=run.inputs)
+    plan = replace(plan, calibrated_after_epoch=epoch)
+    if (plan.precision, plan.dropout) != (run.perf.precision, run.perf.dropout):
+        model = build_for(plan, run.cfg, run.engine, run.keras, run.resolved, run.inputs)
+        problem = carry_state(run.model, model)
+        if problem:  # the run goes on as it was: the pick is cached for the next start all the same
+            why = f"{plan.precision_reason}; not switched, the rebuilt model differs: {problem}"
+            plan = replace(plan, precision=run.perf.precision, dropout=run.perf.dropout, precision_reason=why)
+        else:
+            run.model = model
+            for callback in callbacks:
+                callback.set_model(model)
+    run.perf = plan
+    took = time.monotonic() - t0
+    _say(f"[trainer] perf from epoch {epoch + 1}: {plan.describe()}; timed after epoch {epoch} in {took:.1f} s")
+
+
+def carry_state(old: Any, new: Any) -> str | None:
+    """Copy `old`'s variables (weights, dropout seeds) and optimizer state into `new`, the same model compiled in
+    another variant; what does not match, or None once copied."""
+    new.optimizer.build(new.trainable_variables)  # Keras builds it at the first step otherwise
+    pairs = []
+    for what, mine, theirs in (
+        ("variables", old.variables, new.variables),
+        ("optimizer's variables", old.optimizer.variables, new.optimizer.variables),
+    ):
+        if len(mine) != len(theirs):
+            return f"its {what} differ in number: {len(mine)}, rebuilt {len(theirs)}"
+        pairs += list(zip(mine, theirs, strict=True))
+    for a, b in pairs:
+        if tuple(a.shape) != tuple(b.shape):
+            return f"{a.path} is {tuple(a.shape)}, rebuilt {tuple(b.shape)}"
+    for a, b in pairs:
+        b.assign(a.numpy())
+    return None
 
 
 def _describe_data(data: Any, cfg: TrainingSpec, replicas: int, steps: int) -> str:
@@ -381,18 +456,26 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
 
         keep_tensorflow_out()  # the trainer's own process only: prepare() may be driven by code that wants TF
     milestones = Milestones(ctx)
-    run = prepare(cfg, ctx, milestones=milestones)
+    run = prepare(cfg, ctx, milestones=milestones, defer_calibration=True)
     # Only now: the callbacks' base class is the Keras that prepare() chose (tf_keras, or Keras 3 on an engine).
     from runner.train.callbacks import Checkpointer, TrainingInterrupted
 
     callbacks, stop = make_callbacks(run, milestones=milestones)
     callbacks.append(milestones.first_step_callback(run.keras))
+    checkpointer = _find(callbacks, Checkpointer)
     with contextlib.suppress(TrainingInterrupted):  # the stop is reported below, like one at an epoch end
-        fit(run, callbacks, cfg.epochs)
+        # With a calibration prepare() left for later: one epoch first, then the calibration, then the rest.
+        deferred = run.perf.precision_source == "deferred"
+        until = min(cfg.epochs, run.cursor.position[0] + 1) if deferred else cfg.epochs
+        fit(run, callbacks, until)
+        if until < cfg.epochs and not checkpointer.stopped:
+            if not checkpointer.stopping():  # a stop that came meanwhile is acted on at once, by fit
+                calibrate_between_epochs(run, callbacks)
+            fit(run, callbacks, cfg.epochs)
     # A stop after the last epoch's steps (its validation, or after fit) leaves nothing to train: the run ends
     # as it would have, evaluated and summarized, within the stop's grace; with several processes only an agreed
     # stop ends here (the final evaluation is collective too).
-    if _find(callbacks, Checkpointer).stopped and run.cursor.position[0] < cfg.epochs:
+    if checkpointer.stopped and run.cursor.position[0] < cfg.epochs:
         _say("[trainer] stopped before the end; the newest checkpoint is kept for a resume")
         raise SystemExit(stop.exit_code)
     stop.finished = True

@@ -94,7 +94,7 @@ def test_the_builtin_trainer_trains_in_the_container(
         textwrap.dedent(f"""\
         name: in-a-container
         image: {cpu_image.reference}
-        training: {{max_train_examples: 256, max_test_examples: 256, epochs: 1, batch_size: 128}}
+        training: {{max_train_examples: 256, max_test_examples: 256, epochs: 2, batch_size: 128}}
         storage: {tmp_path / "store"}
         """)
     )
@@ -105,16 +105,18 @@ def test_the_builtin_trainer_trains_in_the_container(
     run_dir = Path(only_record(runner_home).run_dir)
     summary = json.loads((run_dir / contract.SUMMARY).read_text())
     assert summary["train_examples"] == 256 and summary["strategy"]["kind"] == "cpu"
-    assert summary["test_accuracy"] >= 0.2  # two steps of 128 real images; chance is 0.1
-    assert [r["epoch"] for r in rows(run_dir / contract.METRICS)] == [1]
-    assert read_manifest(run_dir / contract.CHECKPOINTS)  # the epoch's checkpoint, in the run directory
+    assert summary["test_accuracy"] >= 0.2  # four steps of 128 real images; chance is 0.1
+    assert [r["epoch"] for r in rows(run_dir / contract.METRICS)] == [1, 2]
+    assert read_manifest(run_dir / contract.CHECKPOINTS)  # the epochs' checkpoints, in the run directory
     exit_record = json.loads((run_dir / contract.exit_key(0)).read_text())
     assert (exit_record["state"], exit_record["exit_code"]) == ("succeeded", 0)
     # The data cache reached the container read-only at /data, as the runner mounts it.
     assert f"{container.CONTAINER_DATA_DIR}/{mnist_npz.name}" in (run_dir / contract.log_key(0)).read_text()
-    # The start-up cache reached it read-write: a calibration made inside is kept on this machine for the next run.
+    # The start-up cache reached it read-write: a calibration made inside (after the first epoch, the cache being
+    # empty) is kept on this machine for the next run.
     perf = summary["perf"]
     if perf["precision_source"] == "calibrated":
+        assert perf["calibrated_after_epoch"] == 1
         assert not perf["precision_reason"].endswith("(not cached)")
         assert len(list((cache / "calibration").glob("*.json"))) == 1
 

@@ -195,6 +195,38 @@ def test_a_calibration_is_cached_and_says_when(tmp_path: Path) -> None:
     assert len(timed) == 5
 
 
+def test_a_deferred_calibration_starts_plain_and_a_later_start_reads_the_pick(tmp_path: Path) -> None:
+    """The built-in trainer on one process defers: without a cached pick it starts in the plain variant at once,
+    plans again without defer after its first epoch (timed and cached then), and the next start takes the pick."""
+    timed: list[Sequence[str]] = []
+
+    def calibrate(policies: Sequence[str]) -> dict[str, float]:
+        timed.append(policies)
+        return {"float32": 120.0, "mixed_bfloat16": 60.0}
+
+    def plan(defer: bool) -> perf.PerfPlan:
+        return perf.plan_for(
+            "cpu",
+            58,
+            cpuinfo=ZEN4,
+            environ={},
+            calibrate=calibrate,
+            cache_root=tmp_path,
+            model="m",
+            batch_size=64,
+            defer=defer,
+        )
+
+    first = plan(defer=True)
+    assert (first.precision, first.precision_source, first.calibration, timed) == ("float32", "deferred", None, [])
+    assert "float32 (not calibrated yet: 2 variants to time)" in first.describe()
+    assert not (tmp_path / calibration.CACHE_KIND).exists()
+    later = plan(defer=False)
+    assert (later.precision, later.precision_source, len(timed)) == ("mixed_bfloat16", "calibrated", 1)
+    again = plan(defer=True)
+    assert (again.precision, again.precision_source, len(timed)) == ("mixed_bfloat16", "cached", 1)
+
+
 def test_any_part_of_the_key_is_another_calibration(tmp_path: Path) -> None:
     """What a calibration depends on (perf.calibration_key: CPU, flags, builds, model, shapes, batch) is its key:
     a change to any part measures again, the same key is read back."""

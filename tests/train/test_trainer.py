@@ -73,23 +73,30 @@ def test_trains_writes_the_contract_and_resumes(
     run = tmp_path / "run"
     cache = tmp_path / "startup"  # a start-up cache of its own: empty at first, and its calibration can be edited
     monkeypatch.setenv(contract.CACHE_DIR, str(cache))
-    first = train(run, mnist_npz, epochs=1)
+    first = train(run, mnist_npz, epochs=2)
     assert first.returncode == 0, first.stdout[-3000:]
     assert "strategy: DefaultStrategy on CPU, 1 replica" in first.stdout
-    # The CNN's dropout kernel was timed on this CPU (Keras' own against one XLA kernel) and the faster one kept.
+    # Nothing cached: the first epoch trained at once in the plain variant, then the CNN's dropout kernel was timed
+    # on this CPU (Keras' own against one XLA kernel) and the faster one kept for epoch 2 and cached.
+    assert "perf: float32 (not calibrated yet: 2 variants to time)" in first.stdout
+    assert first.stdout.index("Epoch 1/2 4/4") < first.stdout.index("perf from epoch 2: float32 (calibrated: float32 ")
     perf_one = json.loads((run / contract.SUMMARY).read_text())["perf"]
-    assert perf_one["precision_source"] == "calibrated"
+    assert (perf_one["precision_source"], perf_one["calibrated_after_epoch"]) == ("calibrated", 1)
     assert perf_one["calibration"]["candidates"] == ["float32", "float32+xla_dropout"]
-    assert "perf: float32 (calibrated: float32 " in first.stdout
-    (m1,) = rows(run / contract.METRICS)
-    assert m1["epoch"] == 1 and m1["examples_per_s"] > 0 and 0 <= m1["val_accuracy"] <= 1
-    (entry,) = read_manifest(run / contract.CHECKPOINTS)
-    assert (entry.file, entry.epochs_done, entry.step, entry.global_step) == ("ckpt-000001.keras", 1, 0, 4)
+    assert perf_one["calibration"]["variant"] == {"keras": "float32", "xla": "float32+xla_dropout"}[perf_one["dropout"]]
+    assert [m["epoch"] for m in rows(run / contract.METRICS)] == [1, 2]
+    for m in rows(run / contract.METRICS):
+        assert m["examples_per_s"] > 0 and 0 <= m["val_accuracy"] <= 1
+    (newest, oldest) = read_manifest(run / contract.CHECKPOINTS)
+    assert (oldest.file, oldest.epochs_done, oldest.step, oldest.global_step) == ("ckpt-000001.keras", 1, 0, 4)
+    assert (newest.file, newest.epochs_done, newest.step, newest.global_step) == ("ckpt-000002.keras", 2, 0, 8)
     progress = json.loads((run / contract.PROGRESS).read_text())
-    assert (progress["epoch"], progress["step"], progress["steps_per_epoch"], progress["global_step"]) == (1, 4, 4, 4)
+    assert (progress["epoch"], progress["step"], progress["steps_per_epoch"], progress["global_step"]) == (2, 4, 4, 8)
     assert list((run / contract.TENSORBOARD).rglob("events.out.tfevents.*"))
     summary = json.loads((run / contract.SUMMARY).read_text())
     assert summary["strategy"]["replicas"] == 1 and summary["train_examples"] == 512
+    # Whichever variant epoch 2 trained in, the optimizer went on where epoch 1 left it (a switch carries its state).
+    assert (summary["global_step"], summary["optimizer_iterations"]) == (8, 8)
 
     # Same run directory, more epochs: continues from the checkpoint (epoch and optimizer state), under the other
     # dropout kernel (the cached choice flipped): a checkpoint is plain Keras whichever kernel wrote it.
@@ -101,10 +108,12 @@ def test_trains_writes_the_contract_and_resumes(
     assert second.returncode == 0, second.stdout[-3000:]
     perf_two = json.loads((run / contract.SUMMARY).read_text())["perf"]
     assert (perf_two["precision_source"], perf_two["dropout"]) == ("cached", kernel)
+    assert perf_two["calibrated_after_epoch"] is None
     assert "perf: float32 (cached from " in second.stdout  # the log says the choice came from the cache
-    assert "resumed from ckpt-000001.keras: epoch 1 done, optimizer step 4" in second.stdout
-    # Once per attempt, where it went on from and the steps trained again (the first attempt reached step 4).
-    said = "resumed from step 4 (Keras, checkpoints/ckpt-000001.keras); 0 steps redone"
+    assert "perf from epoch" not in second.stdout
+    assert "resumed from ckpt-000002.keras: epoch 2 done, optimizer step 8" in second.stdout
+    # Once per attempt, where it went on from and the steps trained again (the first attempt reached step 8).
+    said = "resumed from step 8 (Keras, checkpoints/ckpt-000002.keras); 0 steps redone"
     assert f"[trainer] {said}" in second.stdout and "resumed from step" not in first.stdout
     events = [json.loads(line) for line in (run / contract.events_key("trainer-0")).read_text().splitlines()]
     assert [e["text"] for e in events if e["event"] == "resumed_from_checkpoint"] == [said]
@@ -113,19 +122,19 @@ def test_trains_writes_the_contract_and_resumes(
     assert took == [
         ("data_loaded", None),
         ("checkpoint_saved", 4),
+        ("checkpoint_saved", 8),
         ("checkpoint_restored", "verify"),
         ("data_loaded", None),
         ("checkpoint_restored", "load"),
-        ("checkpoint_saved", 8),
         ("checkpoint_saved", 12),
     ]
     assert "Epoch 1/3" not in second.stdout
     assert [r["epoch"] for r in rows(run / contract.METRICS)] == [1, 2, 3]
     summary = json.loads((run / contract.SUMMARY).read_text())
-    assert summary["resumed_from_epoch"] == 1
-    assert summary["resumed_from"] == {"checkpoint": "ckpt-000001.keras", "epoch": 1, "step": 0}
-    assert (summary["resumed"]["step"], summary["resumed"]["redone"], summary["resumed"]["text"]) == (4, 0, said)
-    assert (summary["global_step"], summary["steps_this_attempt"]) == (12, 8)
+    assert summary["resumed_from_epoch"] == 2
+    assert summary["resumed_from"] == {"checkpoint": "ckpt-000002.keras", "epoch": 2, "step": 0}
+    assert (summary["resumed"]["step"], summary["resumed"]["redone"], summary["resumed"]["text"]) == (8, 0, said)
+    assert (summary["global_step"], summary["steps_this_attempt"], summary["optimizer_iterations"]) == (12, 4, 12)
     assert len(summary["epoch_times_s"]) == 3
     # Real data, real learning: this slice reached 0.66, 0.76 and 0.70 with seeds 0-2 (the CNN, 12 steps of 128).
     assert summary["test_accuracy"] >= 0.6

@@ -47,10 +47,18 @@ class Engine(ABC):
 
     @abstractmethod
     def plan(
-        self, resolved: Any, steps: int, cfg: TrainingSpec, *, model: str | None, jit_compile: bool | None, inputs: Any
+        self,
+        resolved: Any,
+        steps: int,
+        cfg: TrainingSpec,
+        *,
+        model: str | None,
+        jit_compile: bool | None,
+        inputs: Any,
+        defer: bool = False,
     ) -> Any:
         """The speed choices for the device, for `model` at the run's batch on examples like `inputs`' (model None:
-        this process does not measure)."""
+        this process does not measure). `defer`: a choice that needs timing is left for later (perf.plan_for)."""
 
     @abstractmethod
     def feeds(self, inputs: Any, cfg: TrainingSpec, resolved: Any) -> tuple[Any, Any]:

@@ -93,7 +93,15 @@ class TensorFlowEngine(Engine):
         return is_chief(resolved)
 
     def plan(
-        self, resolved: Any, steps: int, cfg: TrainingSpec, *, model: str | None, jit_compile: bool | None, inputs: Any
+        self,
+        resolved: Any,
+        steps: int,
+        cfg: TrainingSpec,
+        *,
+        model: str | None,
+        jit_compile: bool | None,
+        inputs: Any,
+        defer: bool = False,
     ) -> Any:
         return perf.plan_for(
             resolved.kind,
@@ -108,6 +116,7 @@ class TensorFlowEngine(Engine):
             batch_size=cfg.batch_size,
             input_shape=inputs.example_shape,
             classes=inputs.classes,
+            defer=defer,
         )
 
     def feeds(self, inputs: Any, cfg: TrainingSpec, resolved: Any) -> tuple[Any, Any]:

@@ -1,0 +1,69 @@
+"""A run that calibrated after its first epoch goes on in the variant picked: its model is built again in that
+variant (precision policy, dropout kernel) and takes every variable and the optimizer's state, unrounded
+(runner.train.trainer.carry_state). The whole path, calibration included, runs in tests/train/test_trainer.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runner.train.fused_dropout import fuse_dropout, fused_layers
+from runner.train.models import build_model
+from runner.train.trainer import carry_state
+
+
+@pytest.fixture(scope="module")
+def tf() -> Any:
+    return pytest.importorskip("tensorflow")
+
+
+def compiled(tf: Any, model: str, policy: str) -> Any:
+    keras = tf.keras
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        built = build_model(model, keras, (28, 28, 1), 10)
+        built.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return built
+
+
+def values(variables: list[Any]) -> list[np.ndarray]:
+    return [np.array(v.numpy()) for v in variables]
+
+
+def test_a_model_rebuilt_in_another_variant_goes_on_from_the_state_it_had(tf: Any, mnist_npz: Path) -> None:
+    with np.load(mnist_npz) as data:
+        x = (data["x_train"][:64, :, :, None] / 255.0).astype("float32")
+        y = data["y_train"][:64].astype("int32")
+    old = compiled(tf, "mnist_cnn", "float32")
+    for _ in range(3):
+        old.train_on_batch(x, y)
+    tf.keras.backend.clear_session()  # as the calibration leaves it: the rebuilt model's layers have the old names
+    new = compiled(tf, "mnist_cnn", "mixed_bfloat16")
+    assert fuse_dropout(new, tf) == fused_layers(new, tf) > 0
+    assert carry_state(old, new) is None
+    # Weights, the dropout layers' seed states, Adam's step count, learning rate and moments: all of them, equal.
+    assert len(new.variables) > len(new.trainable_variables)  # the seed generators' states are among them
+    for before, after in zip(values(old.variables), values(new.variables), strict=True):
+        np.testing.assert_array_equal(before, after)
+    for before, after in zip(values(old.optimizer.variables), values(new.optimizer.variables), strict=True):
+        np.testing.assert_array_equal(before, after)
+    assert int(new.optimizer.iterations.numpy()) == 3
+    new.train_on_batch(x, y)  # goes on, in bfloat16, from step 3
+    assert int(new.optimizer.iterations.numpy()) == 4
+    assert new.layers[0].compute_dtype == "bfloat16" and new.layers[0].kernel.dtype == "float32"
+
+
+def test_a_model_that_is_not_the_same_is_left_as_it_was(tf: Any) -> None:
+    old = compiled(tf, "mnist_mlp", "float32")
+    old.optimizer.build(old.trainable_variables)
+    new = compiled(tf, "mnist_cnn", "float32")
+    before = values(new.variables)
+    problem = carry_state(old, new)
+    assert problem is not None and ("differ in number" in problem or " is (" in problem)
+    for was, now in zip(before, values(new.variables), strict=True):
+        np.testing.assert_array_equal(was, now)
