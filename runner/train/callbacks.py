@@ -14,11 +14,12 @@ TensorFlow import here: under Keras 3, tf.keras.callbacks.Callback is keras.call
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,11 @@ class TrainingInterrupted(SystemExit):
         return signal.Signals(self.signum).name
 
 
+class StopRequested(BaseException):
+    """A stop came during work the run can do without (StopSignal.interruptible). A BaseException, so that no
+    `except Exception` on its way (a calibration keeps going on a failed timing) holds it up."""
+
+
 class StopSignal:
     """SIGTERM (docker stop, a preemption notice, the supervisor, `runner down`) and SIGINT (Ctrl-C reaches the
     whole process group, the trainer too) are only noted here; the Checkpointer acts on them at the next step end.
@@ -90,7 +96,21 @@ class StopSignal:
     def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.signum: int | None = None
         self.finished = False
+        self._interruptible = False
         self._previous = {s: signal.signal(s, self._handle) for s in signums}
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Work inside may be abandoned: a stop that came before raises StopRequested on entering, one that comes
+        inside raises it at once (in the main thread, between two Python bytecodes), instead of waiting for a step
+        end that is seconds away while the stop's grace runs out."""
+        if self.signum is not None:
+            raise StopRequested(self.name)
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
 
     def _handle(self, signum: int, _frame: object) -> None:
         if self.finished:
@@ -101,6 +121,8 @@ class StopSignal:
             print(f"[trainer] {name} after training finished: the job goes on to its end", file=sys.stderr, flush=True)
         elif self.signum is None:
             self.signum = signum
+            if self._interruptible:
+                raise StopRequested(self.name)
             print(f"[trainer] {self.name}: saving a checkpoint at the next step end", file=sys.stderr, flush=True)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the save

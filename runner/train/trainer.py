@@ -266,19 +266,30 @@ def build_for(plan: Any, cfg: TrainingSpec, engine: Engine, keras: Any, resolved
     return model
 
 
-def calibrate_between_epochs(run: Prepared, callbacks: list[Any]) -> None:
+def calibrate_between_epochs(run: Prepared, callbacks: list[Any], stop: Any) -> None:
     """The CPU calibration prepare() deferred (the plan's precision_source "deferred"), done now that an epoch has
     trained: the variants are timed (and the pick cached) as they would have been before the first step, and when
     another than the plain one wins, the rest of the run trains in it: the model is built again in that variant and
     takes the weights, dropout seeds and optimizer state the epochs so far left (variables are float32 under every
-    variant, so nothing is rounded; only the computation changes, as with a resume under another cached pick)."""
+    variant, so nothing is rounded; only the computation changes, as with a resume under another cached pick).
+    A stop (`stop`: the StopSignal) that comes meanwhile ends the timing at once, unfinished and uncached: the run
+    goes on in the plain variant, and the stop is acted on at the next epoch's start, within its grace."""
+    from runner.train.callbacks import StopRequested
+
     if run.perf.precision_source != "deferred":
         return
     epoch = run.cursor.position[0]
     t0 = time.monotonic()
     # Same arguments as prepare()'s, without defer: the cache is read again (a run beside may have filled it).
     jit = run.perf.jit_compile
-    plan = run.engine.plan(run.resolved, run.steps, run.cfg, model=run.cfg.model, jit_compile=jit, inputs=run.inputs)
+    try:
+        with stop.interruptible():
+            plan = run.engine.plan(
+                run.resolved, run.steps, run.cfg, model=run.cfg.model, jit_compile=jit, inputs=run.inputs
+            )
+    except StopRequested as exc:
+        _say(f"[trainer] {exc}: the variants' timing after epoch {epoch} is left off; saving a checkpoint")
+        return
     plan = replace(plan, calibrated_after_epoch=epoch)
     if (plan.precision, plan.dropout) != (run.perf.precision, run.perf.dropout):
         model = build_for(plan, run.cfg, run.engine, run.keras, run.resolved, run.inputs)
@@ -470,7 +481,7 @@ def train(cfg: TrainingSpec, ctx: contract.JobContext) -> dict[str, Any]:
         fit(run, callbacks, until)
         if until < cfg.epochs and not checkpointer.stopped:
             if not checkpointer.stopping():  # a stop that came meanwhile is acted on at once, by fit
-                calibrate_between_epochs(run, callbacks)
+                calibrate_between_epochs(run, callbacks, stop)
             fit(run, callbacks, cfg.epochs)
     # A stop after the last epoch's steps (its validation, or after fit) leaves nothing to train: the run ends
     # as it would have, evaluated and summarized, within the stop's grace; with several processes only an agreed

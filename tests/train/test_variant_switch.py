@@ -1,18 +1,25 @@
-"""A run that calibrated after its first epoch goes on in the variant picked: its model is built again in that
-variant (precision policy, dropout kernel) and takes every variable and the optimizer's state, unrounded
-(runner.train.trainer.carry_state). The whole path, calibration included, runs in tests/train/test_trainer.py."""
+"""The calibration a run on one process does after its first epoch (runner.train.trainer.calibrate_between_epochs):
+the run goes on in the variant picked, its model built again in that variant (precision policy, dropout kernel)
+with every variable and the optimizer's state, unrounded (carry_state); a stop that comes during the timing ends it
+at once. The whole path, calibration included, runs in tests/train/test_trainer.py."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
+from runner.train.callbacks import StopRequested, StopSignal
 from runner.train.fused_dropout import fuse_dropout, fused_layers
 from runner.train.models import build_model
-from runner.train.trainer import carry_state
+from runner.train.perf import PerfPlan
+from runner.train.trainer import calibrate_between_epochs, carry_state
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +74,59 @@ def test_a_model_that_is_not_the_same_is_left_as_it_was(tf: Any) -> None:
     assert problem is not None and ("differ in number" in problem or " is (" in problem)
     for was, now in zip(before, values(new.variables), strict=True):
         np.testing.assert_array_equal(was, now)
+
+
+def signalled_meanwhile() -> None:
+    """SIGTERM to this process, then work that only the signal's handler can end (the test fails after 30 s)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(3000):
+        time.sleep(0.01)
+    pytest.fail("the stop did not end the work")
+
+
+def test_a_stop_ends_work_that_can_be_left_at_once_and_is_only_noted_elsewhere() -> None:
+    stop = StopSignal()
+    try:
+        with pytest.raises(StopRequested, match="SIGTERM"), stop.interruptible():
+            signalled_meanwhile()
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(StopRequested), stop.interruptible():  # one that came before: not even begun
+            pytest.fail("entered after a stop")
+    finally:
+        stop.uninstall()
+    noted = StopSignal()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(3000):  # the handler runs in this thread soon; it notes, and raises nothing
+            if noted.signum is not None:
+                break
+            time.sleep(0.01)
+        assert noted.signum == signal.SIGTERM
+    finally:
+        noted.uninstall()
+
+
+def test_a_stop_during_the_calibration_after_the_first_epoch_leaves_it_off(capsys: pytest.CaptureFixture[str]) -> None:
+    class Timing:  # the engine's plan, timing its variants when the stop comes
+        def plan(self, *args: Any, **kwargs: Any) -> Any:
+            signalled_meanwhile()
+
+    deferred = PerfPlan("cpu", "float32", False, 1, precision_source="deferred")
+    run = SimpleNamespace(
+        perf=deferred,
+        cursor=SimpleNamespace(position=(1, 0)),
+        engine=Timing(),
+        resolved=None,
+        steps=4,
+        cfg=SimpleNamespace(model="mnist_cnn"),
+        inputs=None,
+        model=None,
+    )
+    stop = StopSignal()
+    try:
+        calibrate_between_epochs(run, [], stop)  # type: ignore[arg-type]
+    finally:
+        stop.uninstall()
+    # The run goes on as it was, plain and still to be calibrated, and the stop is there for fit to act on.
+    assert run.perf is deferred and stop.signum == signal.SIGTERM
+    assert "SIGTERM: the variants' timing after epoch 1 is left off; saving a checkpoint" in capsys.readouterr().out
