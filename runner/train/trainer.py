@@ -320,7 +320,8 @@ def carry_state(old: Any, new: Any) -> str | None:
         pairs += list(zip(mine, theirs, strict=True))
     for a, b in pairs:
         if tuple(a.shape) != tuple(b.shape):
-            return f"{a.path} is {tuple(a.shape)}, rebuilt {tuple(b.shape)}"
+            name = getattr(a, "path", None) or a.name  # Keras 3 variables have a path, tf_keras' a name
+            return f"{name} is {tuple(a.shape)}, rebuilt {tuple(b.shape)}"
     for a, b in pairs:
         b.assign(a.numpy())
     return None
