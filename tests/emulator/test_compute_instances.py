@@ -222,9 +222,14 @@ def test_a_vm_deletes_its_own_instance_through_the_api(emulator: TpuEmulator, gc
         "while [ ! -e go ]; do sleep 0.05; done;"
         'M="$RUNNER_METADATA_URL"; H="Metadata-Flavor: Google";'
         'ZONE=$(curl -s -H "$H" "$M/instance/zone" | sed "s|.*/||"); NAME=$(curl -s -H "$H" "$M/instance/name");'
-        'curl -s -X DELETE "$RUNNER_COMPUTE_API/compute/v1/projects/$(curl -s -H "$H" "$M/project/project-id")'
-        '/zones/$ZONE/instances/$NAME" > answer.json; echo asked; sleep 60'
+        # The shutdown's SIGTERM follows the answer at once: the curl that asked ignores it, so that what it read
+        # reaches answer.json (stdio's buffer, lost to a process ended by a signal; a loaded machine saw it empty).
+        "(trap '' TERM;"
+        ' curl -s -X DELETE "$RUNNER_COMPUTE_API/compute/v1/projects/$(curl -s -H "$H" "$M/project/project-id")'
+        '/zones/$ZONE/instances/$NAME" > answer.json); echo asked; sleep 60'
     )
+    # The VM is gone once that curl has ended: the grace before SIGKILL only bounds how long that may take.
+    emulator.vm_grace_s = 60.0
     gce.wait(gce.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance("self", script=script)))
     info = emulator.compute.instance("self")
     assert info is not None and info.vm is not None
