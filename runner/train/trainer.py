@@ -62,6 +62,7 @@ class Prepared:
     train_examples: int
     test_examples: int
     steps: int
+    inputs: Any  # inputs.Inputs: the examples and labels the model is built and checked for (a rebuild too)
     train_data: Any  # the engine's feed: .epoch(index, skip)
     test_ds: Any
     model: Any
@@ -76,8 +77,10 @@ class Prepared:
     t_start: float
     versions: dict[str, str] = field(default_factory=dict)  # summary.json's "versions"
     chief: bool = True  # writes the run directory (False: a process other than 0 of a multi-worker run)
-    classes: int = 0
-    inputs: Any = None  # inputs.Inputs: the model's examples and labels (a deferred calibration rebuilds the model)
+
+    @property
+    def classes(self) -> int:
+        return int(self.inputs.classes)
 
     @property
     def framework(self) -> str:
@@ -227,6 +230,7 @@ def prepare(
         train_examples=data.train_examples,
         test_examples=data.test_examples,
         steps=steps,
+        inputs=data,
         train_data=train_data,
         test_ds=test_ds,
         model=model,
@@ -241,8 +245,6 @@ def prepare(
         t_start=t_start,
         versions=versions,
         chief=chief,
-        classes=data.classes,
-        inputs=data,
     )
 
 
