@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -33,6 +32,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -64,10 +64,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the process that started it dies (Linux prctl PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+# Started through this small program, which asks for SIGKILL when the thread that started it dies (Linux prctl
+# PR_SET_PDEATHSIG, kept across exec) and then execs the component. Not a preexec_fn: the process that starts the
+# components is multi-threaded (the test session's emulators, JAX), and Python run between fork and exec can wait
+# forever on a lock another thread held at the fork (ctypes' dlopen among them), which is what JAX's os.fork()
+# warning says. The parent's pid, passed in, closes the race with a parent that died before the prctl.
+DIE_WITH_PARENT = """
+import ctypes, os, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+except (OSError, AttributeError):
+    pass  # not Linux: only stop() ends it
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the process that started this one has already ended")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 @dataclass
@@ -82,12 +93,11 @@ class Component:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                self.argv,
+                [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         self.started = time.monotonic()
 
