@@ -66,13 +66,20 @@ def tpu_scenario(emulator: TpuEmulator) -> None:
     spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, node_id="qn", node=node)
     queued = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]), spot={})
     client.create_queued_resource(parent=PARENT, queued_resource_id="q1", queued_resource=queued).result(polling=FAST)
+    # The fault goes to whichever waiting request is tried next: q1 is tried a moment after its create is done, and
+    # must have been before the fault is there for q2.
+    q1 = f"{PARENT}/queuedResources/q1"
+    wait_for(lambda: client.get_queued_resource(name=q1).state.state.name in ("PROVISIONING", "ACTIVE"), "q1's try")
     emulator.queued_fails(TPU_ZONE, count=1, status="RESOURCE_EXHAUSTED")
     spec2 = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, node_id="qn2", node=node)
     queued2 = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec2]), guaranteed={})
     client.create_queued_resource(parent=PARENT, queued_resource_id="q2", queued_resource=queued2).result(polling=FAST)
-    wait_for(lambda: client.get_queued_resource(name=f"{PARENT}/queuedResources/q2").state.state.name == "FAILED")
+    wait_for(
+        lambda: client.get_queued_resource(name=f"{PARENT}/queuedResources/q2").state.state.name == "FAILED",
+        "q2 FAILED",
+    )
     list(client.list_queued_resources(parent=PARENT))
-    client.delete_queued_resource(request={"name": f"{PARENT}/queuedResources/q1", "force": True}).result(polling=FAST)
+    client.delete_queued_resource(request={"name": q1, "force": True}).result(polling=FAST)
     list(client.list_accelerator_types(parent=PARENT))
     client.get_accelerator_type(name=f"{PARENT}/acceleratorTypes/v4-8")
     client.get_location(request={"name": PARENT})
