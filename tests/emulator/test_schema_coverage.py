@@ -74,10 +74,8 @@ def tpu_scenario(emulator: TpuEmulator) -> None:
     spec2 = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, node_id="qn2", node=node)
     queued2 = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec2]), guaranteed={})
     client.create_queued_resource(parent=PARENT, queued_resource_id="q2", queued_resource=queued2).result(polling=FAST)
-    wait_for(
-        lambda: client.get_queued_resource(name=f"{PARENT}/queuedResources/q2").state.state.name == "FAILED",
-        "q2 FAILED",
-    )
+    q2 = f"{PARENT}/queuedResources/q2"
+    wait_for(lambda: client.get_queued_resource(name=q2).state.state.name == "FAILED", "q2 FAILED")
     list(client.list_queued_resources(parent=PARENT))
     client.delete_queued_resource(request={"name": q1, "force": True}).result(polling=FAST)
     list(client.list_accelerator_types(parent=PARENT))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.environ import child_env
 from tests.kubecluster import GROUP, unavailable
 from tests.waiting import wait_for
@@ -46,14 +47,14 @@ def test_a_missing_build_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         KubeCluster(tmp_path)
 
 
-# A process with threads (as the test session is) starts a component, counting the fork handlers Python runs (the
-# ones a preexec_fn runs, and JAX's os.fork() warning with them), then waits to be killed.
+# A process with threads (as the test session is) starts a component, counting the times Python's fork handlers ran
+# (a preexec_fn runs them, and JAX warns through them), then waits to be killed.
 STARTER = """
 import os, sys, threading
 from pathlib import Path
 from tpu_emulator.kube.cluster import Component
 handlers = []
-os.register_at_fork(before=lambda: handlers.append("before"), after_in_child=lambda: handlers.append("child"))
+os.register_at_fork(before=lambda: handlers.append("fork"))
 threading.Thread(target=threading.Event().wait, daemon=True).start()
 component = Component("sleeper", ["sleep", "600"], Path(sys.argv[1]))
 component.start()
@@ -65,7 +66,7 @@ threading.Event().wait()
 def test_a_component_runs_no_python_between_fork_and_exec_and_dies_with_its_starter(tmp_path: Path) -> None:
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, str(tmp_path / "sleeper.log")],
-        env=child_env() | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env=child_env() | {"PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -70,9 +70,9 @@ def free_port() -> int:
 # forever on a lock another thread held at the fork (ctypes' dlopen among them), which is what JAX's os.fork()
 # warning says. The parent's pid, passed in, closes the race with a parent that died before the prctl.
 DIE_WITH_PARENT = """
-import ctypes, os, sys
+import ctypes, os, signal, sys
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 except (OSError, AttributeError):
     pass  # not Linux: only stop() ends it
 if os.getppid() != int(sys.argv[1]):
