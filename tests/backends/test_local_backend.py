@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,11 +220,12 @@ def test_a_daemon_the_job_started_outside_its_process_group_is_stopped_with_the_
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    import re
-
     # setsid(1) forks before it runs sleep: the runner finds the sleep, or setsid itself when it comes first
     pids = [int(p) for p in re.findall(r"(\d+): (?:setsid )?sleep 600", done.stdout)]
     assert pids, done.stdout
     assert f"stopped {len(pids)} process(es) the job left running outside its process group" in done.stdout
     assert not [pid for pid in pids if processes.process_alive(pid)], "the job's daemon outlived the run"
-    assert not [p for p in container.marked_pids(container.SESSION, "cmd-") if processes.process_alive(p)]
+    # This run's session only: other tests' runs of a job named cmd may be alive at this moment.
+    run_id = re.search(r"^run\s+(\S+)$", done.stdout, re.M)
+    assert run_id, done.stdout
+    assert not container.marked_pids(container.SESSION, f"{run_id.group(1)}:")
