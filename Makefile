@@ -56,7 +56,7 @@ local-run: data  ## train the default job on this machine (CPU, or GPU if there 
 # each compiles the modules it imports from source again where nothing writes their bytecode (PYTHONDONTWRITEBYTECODE
 # set, as on the machines the suite is timed on). compileall writes it once, whatever that variable says.
 pyc: $(STAMP)
-	$(PY) -m compileall -q -j 0 runner tpu_emulator faults tests examples scripts > /dev/null
+	$(PY) -m compileall -q -j 0 runner tpu_emulator faults tests examples scripts
 
 test: data lint browser containers kube test-images pyc  ## lint, then the whole test suite
 	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)

@@ -226,6 +226,4 @@ def test_a_daemon_the_job_started_outside_its_process_group_is_stopped_with_the_
     assert f"stopped {len(pids)} process(es) the job left running outside its process group" in done.stdout
     assert not [pid for pid in pids if processes.process_alive(pid)], "the job's daemon outlived the run"
     # This run's session only: other tests' runs of a job named cmd may be alive at this moment.
-    run_id = re.search(r"^run\s+(\S+)$", done.stdout, re.M)
-    assert run_id, done.stdout
-    assert not container.marked_pids(container.SESSION, f"{run_id.group(1)}:")
+    assert not container.marked_pids(container.SESSION, f"{only_record(runner_home).run_id}:")
