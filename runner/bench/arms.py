@@ -227,9 +227,10 @@ def _engine(framework: str) -> tuple[Any, Any, dict[str, str]]:
         keras = keras_on_jax(force=True)
         return None, keras, {"engine": f"JAX {jax.__version__}", "keras": f"keras {keras.__version__}"}
     os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras under Keras 3 follows it: never JAX in this arm
-    import tensorflow as tf
-
     from runner.train.engines.tensorflow import keras_version
+    from runner.train.perf import import_tensorflow
+
+    tf = import_tensorflow()
 
     return tf, tf.keras, {"engine": f"TensorFlow {tf.__version__}", "keras": keras_version()}
 

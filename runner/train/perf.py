@@ -9,6 +9,7 @@ it is cpu.py's ($RUNNER_CPU_FLAGS changes its flags for tests).
 Two phases, because TensorFlow reads some settings only once:
 
     process_environment()       before `import tensorflow`: oneDNN
+    tf = import_tensorflow()    the import itself, without the JAX import TensorFlow does on its way
     configure_threads(tf)       after the import, before the first op: thread pools when a CPU quota is set
     plan = plan_for(kind, ...)  after strategy resolution, before the run's model is built: precision policy
                                 and dropout kernel (calibrated on CPUs, kept in the start-up cache; or deferred,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +49,27 @@ def process_environment(environ: MutableMapping[str, str] | None = None, machine
     if machine in ("x86_64", "amd64") and ONEDNN_ENV not in env:
         env[ONEDNN_ENV] = applied[ONEDNN_ENV] = "1"
     return applied
+
+
+def import_tensorflow() -> Any:
+    """`import tensorflow`, without the JAX import it makes on its way where JAX is installed beside it.
+
+    TensorFlow's eager import of tf.lite tries `from jax import jit` (for a converter this runner never calls) and
+    keeps None if that fails: with JAX installed (our image has both engines), importing TensorFlow imported JAX as
+    well, 0.44 CPU s of its 3.3 (the mean of six imports of each kind on the 2-core Xeon). JAX is hidden for the
+    length of the import only: a later `import jax` in the process (a user's model module) imports it as usual.
+    A process that imported JAX already keeps it; nothing else in the process imports while the engine starts."""
+    if "tensorflow" in sys.modules or "jax" in sys.modules:
+        import tensorflow as tf
+
+        return tf
+    sys.modules["jax"] = None  # type: ignore[assignment]  # `import jax` raises ImportError while this stands
+    try:
+        import tensorflow as tf
+    finally:
+        if sys.modules.get("jax", False) is None:
+            del sys.modules["jax"]
+    return tf
 
 
 def configure_threads(tf: Any, quota: float | None = None) -> dict[str, int]:

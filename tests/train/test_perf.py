@@ -8,12 +8,16 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from runner.train import calibration, choices, cpu, perf, startcache
+from tests.environ import child_env
 
 EPYC_AVX2 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -465,6 +469,31 @@ def test_onednn_is_enabled_on_x86_unless_the_user_chose() -> None:
     assert perf.process_environment(user, machine="x86_64") == {} and user["TF_ENABLE_ONEDNN_OPTS"] == "0"
     arm: dict[str, str] = {}
     assert perf.process_environment(arm, machine="aarch64") == {} and arm == {}
+
+
+def test_the_tensorflow_engine_imports_tensorflow_without_jax_and_jax_imports_after() -> None:
+    """TensorFlow imports JAX on its way where both are installed (tf.lite asks for jax.jit); the engine's start
+    leaves it out, and the process can still import JAX afterwards (a user's model module may)."""
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        from runner.spec import TrainingSpec
+        from runner.train.engines.tensorflow import TensorFlowEngine
+        from runner.train.perf import import_tensorflow
+        engine = TensorFlowEngine()
+        engine.start(TrainingSpec(), None)
+        jax_with_tensorflow = "jax" in sys.modules
+        import jax.numpy as jnp
+        print(json.dumps({"jax_with_tensorflow": jax_with_tensorflow, "sum": float(jnp.arange(4).sum()),
+                          "same": import_tensorflow() is engine.tf, "tensorflow": engine.tf.__name__}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=child_env("TF_", "KERAS_"), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"jax_with_tensorflow": False, "sum": 6.0, "same": True, "tensorflow": "tensorflow"}
 
 
 def test_cpu_quota_from_cgroup_files(tmp_path: Path) -> None:

@@ -76,9 +76,7 @@ class TensorFlowEngine(Engine):
     def start(self, cfg: TrainingSpec, resume_keras: str | None) -> Any:
         self.keras_impl = select_keras(cfg.keras, resume_keras)
         self.env = perf.process_environment()
-        import tensorflow as tf
-
-        self.tf = tf
+        tf = self.tf = perf.import_tensorflow()
         self.threads = perf.configure_threads(tf)
         return tf.keras
 
