@@ -35,6 +35,13 @@ def log_of(record: RunRecord) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def log_so_far(home: Path) -> str:
+    """The only run's job log as far as it goes, "" before the run has a record: `runs/` appears before the record
+    in it (the record's lock file is made first), so a waiting test must not take the directory for the record."""
+    found = list((home / "runs").glob("*.json"))
+    return log_of(RunRecord.model_validate_json(found[0].read_text())) if found else ""
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
     tmp_path: Path, runner_home: Path, signum: int
@@ -45,14 +52,7 @@ def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_for(
-        lambda: (
-            (runner_home / "runs").is_dir()
-            and any((runner_home / "runs").glob("*.json"))
-            and "started" in log_of(only_record(runner_home))
-        ),
-        what="the job to start",
-    )
+    wait_for(lambda: "started" in log_so_far(runner_home), what="the job to start")
     record = only_record(runner_home)
     job_pgid = record.handle["pgid"]
     assert processes.group_alive(job_pgid)
@@ -79,9 +79,7 @@ def test_runner_killed_the_job_lives_on_and_status_logs_follow_it(tmp_path: Path
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for(
-        lambda: (runner_home / "runs").is_dir() and "tick 0" in log_of(only_record(runner_home)), what="the first tick"
-    )
+    wait_for(lambda: "tick 0" in log_so_far(runner_home), what="the first tick")
     proc.kill()  # SIGKILL: no cleanup at all
     proc.wait()
     record = only_record(runner_home)
