@@ -61,7 +61,11 @@ def all_stopped(pid: int) -> bool:
     comes now, which then waits, pending, where sigterm_pending sees it. A thread busy in the kernel (a checkpoint's
     write on a loaded machine) stops only once it is back."""
     states = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+    try:
+        stats = list(Path(f"/proc/{pid}/task").glob("*/stat"))
+    except OSError:  # the process ended between the glob's looks: not stopped, and the caller's seen() says why
+        return False
+    for stat in stats:
         try:
             states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
         except (OSError, IndexError):

@@ -284,6 +284,6 @@ def test_a_host_error_repairs_a_standard_vm_and_ends_a_spot_vm(emulator: TpuEmul
     info = emulator.compute.instance("std")
     assert info is not None and info.vm is not None
     boots = info.vm.directory.parent / "std.boots"
-    wait_for(lambda: boots.read_text().count("boot") == 2)  # rebooted: the startup script ran again
+    wait_for(lambda: boots.exists() and boots.read_text().count("boot") == 2)  # rebooted: the startup script ran again
     events = [op.operation_type for op in gce.zone_ops.list(project=PROJECT, zone=ZONE)]
     assert events.count("compute.instances.hostError") == 2

@@ -182,7 +182,10 @@ def container_ended(engine: Engine, name: str, run_dir: Path) -> str | None:
     engine is busy is not taken for the job's end."""
     if (run_dir / contract.exit_key(0)).exists():
         return (run_dir / contract.log_key(0)).read_text()[-3000:]
-    state = engine.run("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+    try:
+        state = engine.run("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+    except subprocess.TimeoutExpired:  # an engine busy for a minute (a storage lock) has not ended the job
+        return None
     return f"the container is {state}" if state in ("exited", "stopped", "dead") else None
 
 
