@@ -55,10 +55,11 @@ def import_tensorflow() -> Any:
     """`import tensorflow`, without the JAX import it makes on its way where JAX is installed beside it.
 
     TensorFlow's eager import of tf.lite tries `from jax import jit` (for a converter this runner never calls) and
-    keeps None if that fails: with JAX installed (our image has both engines), importing TensorFlow imported JAX as
-    well, 0.44 CPU s of its 3.3 (the mean of six imports of each kind on the 2-core Xeon). JAX is hidden for the
-    length of the import only: a later `import jax` in the process (a user's model module) imports it as usual.
-    A process that imported JAX already keeps it; nothing else in the process imports while the engine starts."""
+    keeps None if that fails: where JAX is installed too (a local install with both engines, as `make install` makes
+    it; the TensorFlow images leave JAX out), importing TensorFlow imported JAX as well, 0.44 CPU s of its 3.3 (the
+    mean of six imports of each kind on the 2-core Xeon). JAX is hidden for the length of the import only: a later
+    `import jax` in the process (a user's model module) imports it as usual. A process that imported JAX already
+    keeps it; nothing else in the process imports while the engine starts."""
     if "tensorflow" in sys.modules or "jax" in sys.modules:
         import tensorflow as tf
 
