@@ -60,15 +60,13 @@ def import_tensorflow() -> Any:
     mean of six imports of each kind on the 2-core Xeon). JAX is hidden for the length of the import only: a later
     `import jax` in the process (a user's model module) imports it as usual. A process that imported JAX already
     keeps it; nothing else in the process imports while the engine starts."""
-    if "tensorflow" in sys.modules or "jax" in sys.modules:
-        import tensorflow as tf
-
-        return tf
-    sys.modules["jax"] = None  # type: ignore[assignment]  # `import jax` raises ImportError while this stands
+    hide = "tensorflow" not in sys.modules and "jax" not in sys.modules
+    if hide:
+        sys.modules["jax"] = None  # type: ignore[assignment]  # `import jax` raises ImportError while this stands
     try:
         import tensorflow as tf
     finally:
-        if sys.modules.get("jax", False) is None:
+        if hide and sys.modules.get("jax", False) is None:
             del sys.modules["jax"]
     return tf
 

@@ -16,6 +16,7 @@ import pytest
 
 from runner import contract
 from runner.backends import container
+from runner.watch import runs
 from runner.watch.runs import RunRecord
 from runner.worker import processes
 from tests.cli.test_cli import command_job
@@ -35,11 +36,12 @@ def log_of(record: RunRecord) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def log_so_far(home: Path) -> str:
-    """The only run's job log as far as it goes, "" before the run has a record: `runs/` appears before the record
-    in it (the record's lock file is made first), so a waiting test must not take the directory for the record."""
-    found = list((home / "runs").glob("*.json"))
-    return log_of(RunRecord.model_validate_json(found[0].read_text())) if found else ""
+def log_so_far() -> str:
+    """The newest run's job log as far as it goes, "" before the run has a record: `runs/` appears before the
+    record in it (the record's lock file is made first), so a waiting test must not take the directory for the
+    record. The runner's own reader of $RUNNER_HOME (the test's runner_home)."""
+    found = runs.list_records()
+    return log_of(found[0]) if found else ""
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -52,7 +54,7 @@ def test_signal_stops_the_job_leaves_no_process_and_records_cancelled(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_for(lambda: "started" in log_so_far(runner_home), what="the job to start")
+    wait_for(lambda: "started" in log_so_far(), what="the job to start")
     record = only_record(runner_home)
     job_pgid = record.handle["pgid"]
     assert processes.group_alive(job_pgid)
@@ -79,7 +81,7 @@ def test_runner_killed_the_job_lives_on_and_status_logs_follow_it(tmp_path: Path
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for(lambda: "tick 0" in log_so_far(runner_home), what="the first tick")
+    wait_for(lambda: "tick 0" in log_so_far(), what="the first tick")
     proc.kill()  # SIGKILL: no cleanup at all
     proc.wait()
     record = only_record(runner_home)
