@@ -35,7 +35,7 @@ from runner import contract
 from runner.checkpoints.resumed import EVENT as RESUMED
 from runner.checkpoints.resumed import RESTORED, Resumed, furthest_step
 from runner.spec import TrainingSpec
-from runner.train import choices
+from runner.train import choices, heap
 from runner.train.checkpoints import Candidate, CheckpointStore, DataOrder, ResumeChooser, scratch_dir
 from runner.train.engines import Engine, engine_for
 from runner.train.milestones import DATA_LOADED, DEVICE_FOUND, FRAMEWORK_IMPORTED, Milestones
@@ -153,7 +153,8 @@ def prepare(
     first = chooser.next_verified()
     if milestones is not None and ctx.is_chief and chooser.found_any:
         milestones.took(RESTORED, t0, stage="verify", checkpoint=_where(first))
-    keras = engine.start(cfg, first.keras if first else None)
+    with heap.framework_import():  # the framework's objects are never garbage: no collection walks them again
+        keras = engine.start(cfg, first.keras if first else None)
     versions = engine.versions()
     if milestones is not None:
         milestones.emit(FRAMEWORK_IMPORTED, framework=engine.framework, version=versions[engine.framework])
