@@ -34,8 +34,11 @@ from runner.train import choices, cpu, startcache
 # (`scripts/bench_jax_choices.py`, 2026-12-03; a shared machine, float32 steps took 1.8-3.5 s):
 CPU_BF16_RATIO = "0.87x"  # mixed_bfloat16 over float32, examples/s: XLA's CPU backend does not gain from bf16
 CPU_STEPS_RATIO = "1.03x"  # steps_per_execution 4 over 1: noise; a CPU step is long next to Python's overhead
-# Programs that compile faster than this are not worth a file (JAX's default is 1 s, which left the eval step out).
-CACHE_MIN_COMPILE_S = 0.2
+# Every program gets a file, however fast it compiles (JAX's default keeps those of 1 s or more, which left the eval
+# step out): examples/flax_mnist compiles about 30 small ones besides its steps (sharding, optimizer state,
+# metrics), which a minimum of 0.2 s left to compile again at every start. 100 steps warm, 4 runs each (2026-12-07):
+# 7.7 CPU s with 0.2, 6.9 with 0 (35 files against 6).
+CACHE_MIN_COMPILE_S = 0.0
 
 
 @dataclass(frozen=True)
