@@ -257,8 +257,8 @@ class Run(Deciding, Ending):
             return found is not None
 
         snapshot = self._follow(on_event, stop)
-        if not verdict:  # follow's own end: every exit record is there
-            verdict.append(Verdict.FINISHED)
+        if not verdict:  # follow's own end: every exit record is there (finished, or a worker failed first)
+            verdict.append(dog.check(snapshot) or Verdict.FINISHED)
             if not all_succeeded(snapshot):
                 self._read_listed_events(on_event)
         self.events.hold()  # from here to the delete, the API alone: what is said goes to storage after it

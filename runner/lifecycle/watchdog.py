@@ -259,6 +259,15 @@ class Watchdog:
             failed.append(record)
         return min(failed, key=lambda e: e.finished_at) if failed else None
 
+    def _failed_first(self, snapshot: Snapshot, now: float) -> bool:
+        """Whether a worker of a multi-worker run failed; its reason set when it did."""
+        failed = self.first_failure(snapshot, now) if self.plan.num_workers > 1 else None
+        if failed is not None:
+            self.reason = f"worker {failed.worker} {failed.state} first (exit code {failed.exit_code})" + (
+                f": {failed.error}" if failed.error else ""
+            )
+        return failed is not None
+
     def lost_worker(self, snapshot: Snapshot, now: float) -> str | None:
         """Why a worker that has not exited counts as lost (naming it), or None: no word within boot_timeout while
         other workers reported, or a heartbeat that stopped for stale_s. `now` is on self.clock."""
@@ -277,15 +286,16 @@ class Watchdog:
         return None
 
     def check(self, snapshot: Snapshot) -> Verdict | None:
+        now = self.clock()
         if len(snapshot.exits) >= self.plan.num_workers:
-            return Verdict.FINISHED
+            # Every record there at once: a worker's failure and those it took down came within one poll. The
+            # worker that failed first is still the run's reason, unless a stop ended some (a stop, a preemption or
+            # a stopped machine records `cancelled`: the machine's end decides those).
+            failures = all(e.state in (RunState.SUCCEEDED, RunState.FAILED) for e in snapshot.exits)
+            return Verdict.WORKER_FAILED if failures and self._failed_first(snapshot, now) else Verdict.FINISHED
         if self.down:
             return Verdict.DOWN
-        now = self.clock()
-        if self.plan.num_workers > 1 and (failed := self.first_failure(snapshot, now)) is not None:
-            self.reason = f"worker {failed.worker} {failed.state} first (exit code {failed.exit_code})" + (
-                f": {failed.error}" if failed.error else ""
-            )
+        if self._failed_first(snapshot, now):
             return Verdict.WORKER_FAILED
         if time.time() > self.plan.deadline:  # the runner's own promise, on its own clock
             return Verdict.DEADLINE

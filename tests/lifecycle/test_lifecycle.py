@@ -175,6 +175,14 @@ def test_the_first_worker_to_fail_ends_the_slice_and_is_named(tmp_path: Path) ->
     single = Watchdog(plan_with(tmp_path, "boot_timeout: 10"), Machine(), None, status_every_s=3600)
     one = [ExitRecord(0, RunState.FAILED, 1, now)]
     assert single.check(Snapshot(one, None, [], None)) == Verdict.FINISHED  # one host: its exit is the end
+    # Every record seen in one poll (worker 0's job died of worker 1's kill within it): the same reason.
+    pair = pod(tmp_path, workers=2)
+    both = [ExitRecord(0, RunState.FAILED, 1, now - 0.4), ExitRecord(1, RunState.FAILED, 137, now - 0.8)]
+    assert pair.check(Snapshot(both, None, [], None)) == Verdict.WORKER_FAILED
+    assert pair.reason == "worker 1 failed first (exit code 137)"
+    stopped = pod(tmp_path, workers=2)  # a stop ended one: the machine's end decides, as for a finished run
+    ended = [ExitRecord(0, RunState.FAILED, 1, now - 0.4), ExitRecord(1, RunState.CANCELLED, 143, now - 0.8)]
+    assert stopped.check(Snapshot(ended, None, [], None)) == Verdict.FINISHED and stopped.reason is None
 
 
 def test_a_worker_stopped_by_its_peers_is_no_failure_while_the_run_is_being_stopped(tmp_path: Path) -> None:
