@@ -55,7 +55,7 @@ def _freeze_what_is_loaded() -> None:
     """Freeze what a test process holds after collection (the runner, the test modules) and after a test first
     imports one of HEAVY_IMPORTS: Python's collector then never walks those objects again, which in a process with
     TensorFlow and JAX loaded took a sixth of its CPU time (each full collection walks every object). The garbage
-    among them is collected first, so nothing that is freed without this stays."""
+    among them is collected first: nothing that would be freed without this stays."""
     gc.collect()
     gc.freeze()
     _frozen_after.update(name for name in HEAVY_IMPORTS if name in sys.modules)
