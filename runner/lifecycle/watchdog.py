@@ -291,8 +291,8 @@ class Watchdog:
             # Every record there at once: a worker's failure and those it took down came within one poll. The
             # worker that failed first is still the run's reason, unless a stop ended some (a stop, a preemption or
             # a stopped machine records `cancelled`: the machine's end decides those).
-            failures = all(e.state in (RunState.SUCCEEDED, RunState.FAILED) for e in snapshot.exits)
-            return Verdict.WORKER_FAILED if failures and self._failed_first(snapshot, now) else Verdict.FINISHED
+            unstopped = all(e.state in (RunState.SUCCEEDED, RunState.FAILED) for e in snapshot.exits)
+            return Verdict.WORKER_FAILED if unstopped and self._failed_first(snapshot, now) else Verdict.FINISHED
         if self.down:
             return Verdict.DOWN
         if self._failed_first(snapshot, now):

@@ -81,6 +81,14 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
+def _server_error(exc: Exception) -> bool:
+    """A 5xx from the Kubernetes client: the API server's storage not answering yet, as a server that has just said
+    ready may ("rpc error: code = Internal desc = unexpected EOF" from etcd, seen at a full run's start)."""
+    from kubernetes.client.rest import ApiException  # only a predicate that uses the client raises one
+
+    return isinstance(exc, ApiException) and (exc.status or 0) >= 500
+
+
 @dataclass
 class Component:
     name: str
@@ -238,26 +246,20 @@ class KubeCluster:
         with self.client() as api_client:
             crds: Any = client.ApiextensionsV1Api(api_client)
             name = doc["metadata"]["name"]
-            created: list[bool] = []
+
+            def created() -> bool:
+                try:
+                    crds.create_custom_resource_definition(doc)
+                except ApiException as exc:
+                    if exc.status != 409:  # 409: there already (an earlier try answered 5xx, or an earlier apply)
+                        raise
+                return True
 
             def established() -> bool:
-                try:
-                    if not created:
-                        try:
-                            crds.create_custom_resource_definition(doc)
-                        except ApiException as exc:
-                            if exc.status != 409:
-                                raise
-                        created.append(True)
-                    status = crds.read_custom_resource_definition(name).status
-                except ApiException as exc:
-                    # A 5xx from a server that has just said ready: its storage not answering yet ("rpc error:
-                    # code = Internal desc = unexpected EOF", seen at a full run's start). Not yet; any other, raised.
-                    if exc.status is None or exc.status < 500:
-                        raise
-                    return False
+                status = crds.read_custom_resource_definition(name).status
                 return any(c.type == "Established" and c.status == "True" for c in (status.conditions or []))
 
+            self._wait(created, "kube-apiserver", f"the CRD {name} created")
             self._wait(established, "kube-apiserver", f"the CRD {name} Established")
         group, version = doc["spec"]["group"], doc["spec"]["versions"][0]["name"]
         plural = doc["spec"]["names"]["plural"]
@@ -311,13 +313,19 @@ class KubeCluster:
         component.start()
 
     def _wait(self, ready: Callable[[], bool], name: str, what: str) -> None:
-        """Until `ready()`; a ClusterError naming `what` with the component's log when it dies or never is."""
+        """Until `ready()` (what a starting server passes through is not yet: no connection, a torn answer, a 5xx);
+        a ClusterError naming `what` with the component's log when it dies or never is."""
         deadline = time.monotonic() + self.ready_timeout_s
         component = self.components.get(name)
         while True:
-            with contextlib.suppress(OSError, ValueError, ssl.SSLError):
+            try:
                 if ready():
                     return
+            except (OSError, ValueError, ssl.SSLError):
+                pass
+            except Exception as exc:
+                if not _server_error(exc):
+                    raise
             if component is not None and not component.alive():
                 raise ClusterError(f"{name} exited before {what}:\n{component.tail()}")
             if time.monotonic() > deadline:
