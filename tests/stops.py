@@ -8,6 +8,7 @@ where the job stands, give or take that interval, which the half epoch a test as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,9 +51,13 @@ def sigterm_pending(pid: int) -> bool:
     """Whether SIGTERM waits for the (stopped) process: whoever stops it has sent it (to the process, or to one of
     its threads)."""
     bit = 1 << (signal.SIGTERM - 1)
-    task = Path(f"/proc/{pid}/task")
-    pending = [_status(Path(f"/proc/{pid}/status"), "ShdPnd:")]
-    pending += [_status(t / "status", "SigPnd:") for t in task.iterdir()] if task.exists() else []
+    try:
+        pending = [_status(Path(f"/proc/{pid}/status"), "ShdPnd:")]
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended between the listing and the read
+                pending.append(_status(task / "status", "SigPnd:"))
+    except OSError:  # the process is gone (killed: nothing waits for it), and the caller's wait says what it awaited
+        return False
     return any(int(mask or "0", 16) & bit for mask in pending)
 
 
