@@ -136,9 +136,13 @@ class Supervisor:
         # Every job's JAX (the built-in engine's and a user's own) keeps what it compiles in the start-up cache: a
         # later run on this machine loads the programs instead of compiling them again.
         from runner.train.jaxperf import compile_cache_env
+        from runner.worker.allocator import allocator_env
 
         for name, value in compile_cache_env(env).items():
             env.setdefault(name, value)
+        # The JAX engine without accelerator chips: XLA's per-step temporaries are host memory, reused, not mapped
+        # afresh each step.
+        env.update(allocator_env(env))
         if contract.cluster(env) is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB_PATH), env.get("PYTHONPATH")]))
         return env
