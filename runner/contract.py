@@ -29,10 +29,12 @@ This module has no dependencies so both sides (and user code) can import it chea
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Environment variables set for every job; user commands read the same ones.
 RUN_ID = "RUNNER_RUN_ID"
@@ -115,6 +117,16 @@ def cadence(name: str, environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         value = 0.0
     return value if value > 0 and value != float("inf") else CADENCES[name]
+
+
+def training_section(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The spec's training section from $TRAINING as plain JSON, without pydantic (the supervisor stays light);
+    empty when there is none or it is not a JSON object (the trainer itself says what is wrong with it)."""
+    try:
+        section = json.loads(environ.get(TRAINING) or "{}")
+    except ValueError:
+        return {}
+    return section if isinstance(section, dict) else {}
 
 
 def events_key(source: str) -> str:

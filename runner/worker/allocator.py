@@ -4,12 +4,13 @@ where XLA keeps a program's temporaries in host memory.
 XLA on CPU allocates every execution's temporary buffer anew (posix_memalign), and frees it when the step is done:
 hundreds of megabytes for the built-in model's train step at batch 128. glibc gives a block that large its own
 mapping (thread arenas always do: their heaps hold 64 MB at most), and returns it to the kernel when freed, so every
-step faults in and zeroes fresh pages: the JAX engine's trainer at batch 128 spent 9 of its 20 CPU seconds in the
-kernel (64 steps, 4.0 million page faults). With one arena that never maps a block of its own and keeps up to
-KEEP_BYTES of freed memory, the next step reuses the same pages: 0.75 s in the kernel, 12.9 CPU s in all. At batch
-32, 128 steps: 12.6 to 14.9 CPU s before, 9.5 after. TensorFlow's trainer allocates no such blocks and is not slower
-with them (two interleaved pairs, 4096 examples at batch 32). glibc reads these variables when a process starts, so
-the supervisor puts them in the job's environment; other C libraries ignore them.
+step faults in and zeroes fresh pages: the JAX engine's trainer at batch 128, run by the supervisor, spent 10.4 to
+10.8 of its 22.8 to 24.4 CPU seconds in the kernel (64 steps, 4.0 million page faults). With one arena that never
+maps a block of its own and keeps up to KEEP_BYTES of freed memory, the next step reuses the same pages: 0.9 s in
+the kernel, 13.3 to 15.6 CPU s in all, epochs of 6.8 to 8.0 s instead of 12.7 to 13.6 (two pairs, taking turns). At
+batch 32, 128 steps: 12.6 to 14.9 CPU s before, 9.5 after. TensorFlow's trainer allocates no such blocks and is
+not slower with them (two interleaved pairs, 4096 examples at batch 32). glibc reads these variables when a process
+starts, so the supervisor puts them in the job's environment; other C libraries ignore them.
 
 Only the built-in trainer on the JAX engine gets them, where this was measured and its threads are few: your own
 `command` may be anything (an input pipeline of many threads is better served by many arenas), and its spec's
@@ -20,7 +21,6 @@ memory there), and a job whose environment already chooses its allocator.
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Mapping, Sequence
 
 from runner import contract
@@ -37,20 +37,12 @@ def accelerator_device_files() -> list[str]:
     return tpu_device_files() + sorted(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def _builtin_jax(environ: Mapping[str, str]) -> bool:
-    if environ.get(contract.COMMAND):
-        return False
-    try:
-        return bool(json.loads(environ.get(contract.TRAINING) or "{}").get("framework") == "jax")
-    except (ValueError, AttributeError):
-        return False
-
-
 def allocator_env(environ: Mapping[str, str], devices: Sequence[str] | None = None) -> dict[str, str]:
     """The settings to add to a job's environment: SETTINGS for the built-in trainer on the JAX engine on a machine
     with no accelerator device files (`devices`, else this machine's); nothing for any other job, where there are
     some, or where the environment sets any of CHOSEN."""
-    if not _builtin_jax(environ) or any(environ.get(name) for name in CHOSEN):
+    builtin_jax = not environ.get(contract.COMMAND) and contract.training_section(environ).get("framework") == "jax"
+    if not builtin_jax or any(environ.get(name) for name in CHOSEN):
         return {}
     if accelerator_device_files() if devices is None else devices:
         return {}

@@ -21,7 +21,6 @@ Logs (logs/worker-N.log) only grow: they travel by their new bytes, up to a cap 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -43,12 +42,10 @@ def checkpoint_keep(environ: Mapping[str, str]) -> int:
     """How many checkpoints the run keeps ($RUNNER_CHECKPOINT_KEEP; from runs planned before it,
     training.checkpoint_keep in $RUNNER_TRAINING), else the default; without pydantic, so the supervisor stays
     light."""
+    keep = environ.get(contract.CHECKPOINT_KEEP) or contract.training_section(environ).get("checkpoint_keep")
     try:
-        keep = environ.get(contract.CHECKPOINT_KEEP) or json.loads(environ.get(contract.TRAINING) or "{}").get(
-            "checkpoint_keep"
-        )
         return int(keep) if keep else DEFAULT_KEEP
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return DEFAULT_KEEP
 
 
