@@ -14,7 +14,7 @@ from runner.cli import app
 from runner.launch.bootstrap import SPOT_GRACE_S
 from runner.storage import Storage, open_storage
 from tests.backends.test_tpu_vm_queued import api_calls, timeline
-from tests.cloudjobs import IMAGE, preempt_when, run_id_of, submit
+from tests.cloudjobs import IMAGE, STARTED, UNTIL_PREEMPTED, preempt_when, run_id_of, submit
 
 PRINT_ENV = (
     "import os\\ne = os.environ\\nprint('worker', e['RUNNER_WORKER_ID'], 'of', e['RUNNER_NUM_WORKERS'], 'slice', "
@@ -68,11 +68,13 @@ def test_two_slices_run_four_workers_told_their_slice_and_go_once(cloud, tmp_pat
 
 
 def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
-    script = PRINT_ENV + "import time\\nfor i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
+    script = PRINT_ENV + UNTIL_PREEMPTED
     spec = multislice_job(tmp_path, bucket_url, script, extra=", spot: true")
-    thread, preempted = preempt_when(
-        cloud, lambda node, store: node.node_id.endswith("-1") and len(store.list("heartbeats/")) == 4, timeout_s=90
-    )
+
+    def first_attempt_under_way(node: Any, store: Storage) -> bool:
+        return node.node_id.endswith("-1") and len(store.list("heartbeats/")) == 4 and bool(store.read_bytes(STARTED))
+
+    thread, preempted = preempt_when(cloud, first_attempt_under_way, timeout_s=90)
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "slice 1 was never preempted"

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.storage import open_storage
-from tests.cloudjobs import IMAGE, events, job, preempt_when, run_id_of, submit
+from tests.cloudjobs import IMAGE, STARTED, UNTIL_PREEMPTED, events, job, preempt_when, run_id_of, submit
 from tests.conftest import FAST_TIMINGS
 
 QUEUED = ", provisioning: queued"
@@ -207,9 +207,10 @@ def test_ctrl_c_while_queued_deletes_the_queued_resource_once_with_force(
 def test_a_suspended_queued_resource_is_deleted_and_created_again(cloud, tmp_path: Path, bucket_url: str) -> None:  # type: ignore[no-untyped-def]
     """Its Spot node preempted while the job runs: the queued resource goes SUSPENDING/SUSPENDED (by the service),
     which is a preemption: deleted and created again (retries.preemptions), and the job runs again."""
-    script = "import time\\nfor i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
-    spec = job(tmp_path, bucket_url, f'command: [python, -c, "{script}"]\n', accelerator=QUEUED + ", spot: true")
-    thread, preempted = preempt_when(cloud, lambda _node, store: bool(store.read_bytes("heartbeat")), timeout_s=60)
+    spec = job(
+        tmp_path, bucket_url, f'command: [python, -c, "{UNTIL_PREEMPTED}"]\n', accelerator=QUEUED + ", spot: true"
+    )
+    thread, preempted = preempt_when(cloud, lambda _node, store: bool(store.read_bytes(STARTED)), timeout_s=60)
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "the node was never preempted"
