@@ -29,10 +29,11 @@ from tpu_emulator import TpuEmulator
 RUNNER = [sys.executable, "-m", "runner.cli"]
 TRAIN = EXAMPLES / "flax_mnist" / "train.py"
 STEPS = 100  # the stop lands in the first steps (once one is trained): the resume trains the rest
-# A step committed at 20; the preemption lands once one from PREEMPT_FROM on is committed and the hosts agree on a
-# stop within the next agreement point (runner.train.agreement: a second or two of steps, and at most the evaluation
-# and save that fall before it), with most of the run still to train.
-CLOUD_STEPS = 200
+# Orbax saves (and the example evaluates on all 10,000 test images) every CLOUD_EVAL_EVERY steps: the preemption lands
+# once step PREEMPT_FROM is committed and the hosts agree on a stop within the next agreement point
+# (runner.train.agreement: a second or two of steps, and at most the evaluation and save that fall before it), with
+# most of the run still to train (a quiet run stopped at 72 of 200 with a save every 20).
+CLOUD_STEPS, CLOUD_EVAL_EVERY = 160, PREEMPT_FROM
 
 
 def test_the_flax_example_changes_only_where_it_must() -> None:
@@ -110,7 +111,9 @@ def test_a_preempted_emulated_v4_16_resumes_from_the_shared_location_losing_none
     hosts stop at the step they agree on and save it within a Spot VM's notice, the recreated slice goes on from it,
     and the run ends at the uninterrupted run's optimizer steps."""
     spec = tmp_path / "pod.yaml"
-    command = json.dumps(["python", str(TRAIN), "--train-steps", str(CLOUD_STEPS), "--eval-every", "20"])
+    command = json.dumps(
+        ["python", str(TRAIN), "--train-steps", str(CLOUD_STEPS), "--eval-every", str(CLOUD_EVAL_EVERY)]
+    )
     spec.write_text(
         f"name: flaxpod\nimage: {IMAGE}\n"
         "accelerator: {type: v4-16, zone: us-central2-b, project: test-project, spot: true}\n"
