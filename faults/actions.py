@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from faults.context import Ctx
-from faults.scenario import PROJECT, ZONES, Hook, Train
+from faults.scenario import PROJECT, STARTED, ZONES, Hook, Train
 from runner.train.checkpoints import Position
 
 T = TypeVar("T")
@@ -60,15 +60,17 @@ def preempt_when_ready(ctx: Ctx) -> None:
 
 
 def preempt_one_slice(ctx: Ctx) -> None:
-    """Preempt the last slice of a multislice once every worker of every slice has a heartbeat: the service deletes
-    every slice of the queued resource, and all restart."""
+    """Preempt the last slice of a multislice once every worker of every slice has a heartbeat and the job has marked
+    its first attempt (faults.scenario.UNTIL_PREEMPTED): the service deletes every slice of the queued resource, and
+    all restart."""
 
     def running_slice() -> str | None:
         store = ctx.storage()
         nodes = sorted((n for n in ctx.own_nodes() if n.state == "READY"), key=lambda n: n.node_id)
         if store is None or len(nodes) < 2 or store.list("exit/"):
             return None
-        return str(nodes[-1].node_id) if len(store.list("heartbeats/")) >= 2 * len(nodes) else None
+        running = len(store.list("heartbeats/")) >= 2 * len(nodes) and store.read_bytes(STARTED) is not None
+        return str(nodes[-1].node_id) if running else None
 
     node = ctx.wait_for(running_slice, timeout=ctx.case.timeout_s, interval=0.2)
     if node is None:

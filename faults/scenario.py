@@ -31,6 +31,24 @@ Check = Callable[["Ctx", "RunResult"], None]
 HELLO = ("python", "-c", "print('hello from the VM', flush=True)")
 # Prints every second for 15 minutes: a job that outlives any safety net under test.
 LONG_COMMAND = ("python", "-c", "import time\nfor i in range(900):\n    print('working', i, flush=True); time.sleep(1)")
+# Runs until a preemption ends its first attempt, however loaded the machine (a preemption that must land within a
+# few seconds of ticks is a race), and ends its next attempt after 6 ticks: worker 0 marks the first attempt in its
+# checkpoint directory, which the mirror copies to the bucket (STARTED: the event to preempt on) and every recreated
+# host gets back. At most 2 minutes, so that a preemption that never comes fails the case instead of hanging it.
+STARTED = "checkpoints/started"
+UNTIL_PREEMPTED = (
+    "import os, pathlib, time\n"
+    "mark = pathlib.Path(os.environ['RUNNER_CHECKPOINT_DIR']) / 'started'\n"
+    "again = mark.exists()\n"
+    "if os.environ['RUNNER_WORKER_ID'] == '0' and not again:\n"
+    "    mark.parent.mkdir(parents=True, exist_ok=True)\n"
+    "    mark.write_text('1')\n"
+    "for i in range(6):\n"
+    "    print('tick', i, flush=True); time.sleep(0.5)\n"
+    "end = time.time() + 120\n"
+    "while not again and time.time() < end:\n"
+    "    time.sleep(0.5)\n"
+)
 
 
 @dataclass(frozen=True)

@@ -13,23 +13,13 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+from faults import scenario as faults_scenario
 from runner.cli import app
 from runner.storage import Storage, open_storage
 
 IMAGE = "us-central1-docker.pkg.dev/test-project/runner/trainer:test"
-# A command job (a `python -c` argument inside a YAML double-quoted string) that runs until a preemption ends its
-# first attempt, whatever the machine's load, and ends its next attempt after 6 ticks: worker 0 marks the first
-# attempt in its checkpoint directory, which the mirror copies to the bucket (STARTED: the event to preempt on) and
-# every recreated host gets back. At most 2 minutes, so that a preemption that never comes fails the test instead
-# of hanging it.
-STARTED = "checkpoints/started"
-UNTIL_PREEMPTED = (
-    "import os, pathlib, time\\nmark = pathlib.Path(os.environ['RUNNER_CHECKPOINT_DIR']) / 'started'\\n"
-    "again = mark.exists()\\nif os.environ['RUNNER_WORKER_ID'] == '0' and not again:\\n"
-    "    mark.parent.mkdir(parents=True, exist_ok=True)\\n    mark.write_text('1')\\n"
-    "for i in range(6):\\n    print('tick', i, flush=True); time.sleep(0.5)\\n"
-    "end = time.time() + 120\\nwhile not again and time.time() < end:\\n    time.sleep(0.5)\\n"
-)
+# faults' UNTIL_PREEMPTED as a `python -c` argument inside a YAML double-quoted string
+UNTIL_PREEMPTED = faults_scenario.UNTIL_PREEMPTED.replace("\n", "\\n")
 
 
 def job(tmp_path: Path, bucket_url: str, body: str, name: str = "e2e", accelerator: str = "") -> Path:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from faults import actions, checks
-from faults.scenario import MULTI_HOST_ZONE, ZONES, Command, Scenario, Train
-
-TICKS = "import time\nfor i in range(8):\n    print('tick', i, flush=True); time.sleep(1)"
+from faults.scenario import MULTI_HOST_ZONE, UNTIL_PREEMPTED, ZONES, Command, Scenario, Train
 
 CASES = (
     # Epochs of 1536 steps (a few seconds each, longer than the 5 s the bucket lags behind the trainer), so that
@@ -75,7 +73,7 @@ CASES = (
         "one slice of a 2-slice multislice preempted (spot)",
         "succeeded",
         0,
-        job=Command(("python", "-c", TICKS)),
+        job=Command(("python", "-c", UNTIL_PREEMPTED)),
         spot=True,
         accelerator="v4-16",
         slices=2,

@@ -10,11 +10,12 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+from faults.scenario import STARTED
 from runner.cli import app
 from runner.launch.bootstrap import SPOT_GRACE_S
 from runner.storage import Storage, open_storage
 from tests.backends.test_tpu_vm_queued import api_calls, timeline
-from tests.cloudjobs import IMAGE, STARTED, UNTIL_PREEMPTED, preempt_when, run_id_of, submit
+from tests.cloudjobs import IMAGE, UNTIL_PREEMPTED, preempt_when, run_id_of, submit
 
 PRINT_ENV = (
     "import os\\ne = os.environ\\nprint('worker', e['RUNNER_WORKER_ID'], 'of', e['RUNNER_NUM_WORKERS'], 'slice', "

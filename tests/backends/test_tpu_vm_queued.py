@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from faults.scenario import STARTED
 from runner.cli import app
 from runner.storage import open_storage
-from tests.cloudjobs import IMAGE, STARTED, UNTIL_PREEMPTED, events, job, preempt_when, run_id_of, submit
+from tests.cloudjobs import IMAGE, UNTIL_PREEMPTED, events, job, preempt_when, run_id_of, submit
 from tests.conftest import FAST_TIMINGS
 
 QUEUED = ", provisioning: queued"
