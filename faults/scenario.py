@@ -34,7 +34,8 @@ LONG_COMMAND = ("python", "-c", "import time\nfor i in range(900):\n    print('w
 # Runs until a preemption ends its first attempt, however loaded the machine (a preemption that must land within a
 # few seconds of ticks is a race), and ends its next attempt after 6 ticks: worker 0 marks the first attempt in its
 # checkpoint directory, which the mirror copies to the bucket (STARTED: the event to preempt on) and every recreated
-# host gets back. At most 2 minutes, so that a preemption that never comes fails the case instead of hanging it.
+# host gets back; an empty file, so there is no half-written one for the mirror to copy. At most 2 minutes, so that
+# a preemption that never comes fails the case instead of hanging it.
 STARTED = "checkpoints/started"
 UNTIL_PREEMPTED = (
     "import os, pathlib, time\n"
@@ -42,7 +43,7 @@ UNTIL_PREEMPTED = (
     "again = mark.exists()\n"
     "if os.environ['RUNNER_WORKER_ID'] == '0' and not again:\n"
     "    mark.parent.mkdir(parents=True, exist_ok=True)\n"
-    "    mark.write_text('1')\n"
+    "    mark.touch()\n"
     "for i in range(6):\n"
     "    print('tick', i, flush=True); time.sleep(0.5)\n"
     "end = time.time() + 120\n"

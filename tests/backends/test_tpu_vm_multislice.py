@@ -73,7 +73,11 @@ def test_one_preempted_slice_restarts_every_slice(cloud, tmp_path: Path, bucket_
     spec = multislice_job(tmp_path, bucket_url, script, extra=", spot: true")
 
     def first_attempt_under_way(node: Any, store: Storage) -> bool:
-        return node.node_id.endswith("-1") and len(store.list("heartbeats/")) == 4 and bool(store.read_bytes(STARTED))
+        return (
+            node.node_id.endswith("-1")
+            and len(store.list("heartbeats/")) == 4
+            and store.read_bytes(STARTED) is not None
+        )
 
     thread, preempted = preempt_when(cloud, first_attempt_under_way, timeout_s=90)
     result = submit(str(spec))

@@ -211,7 +211,7 @@ def test_a_suspended_queued_resource_is_deleted_and_created_again(cloud, tmp_pat
     spec = job(
         tmp_path, bucket_url, f'command: [python, -c, "{UNTIL_PREEMPTED}"]\n', accelerator=QUEUED + ", spot: true"
     )
-    thread, preempted = preempt_when(cloud, lambda _node, store: bool(store.read_bytes(STARTED)), timeout_s=60)
+    thread, preempted = preempt_when(cloud, lambda _node, store: store.read_bytes(STARTED) is not None, timeout_s=60)
     result = submit(str(spec))
     thread.join(5)
     assert preempted, "the node was never preempted"
