@@ -31,9 +31,10 @@ from pathlib import Path
 
 from runner.backends import container
 from runner.launch.engine import ENGINES, Engine, EngineName
+from tpu_emulator import docker_shim
+from tpu_emulator.docker_shim import ENGINE_ENV
 from tpu_emulator.vm import MARKER
 
-ENGINE_ENV = "RUNNER_EMULATOR_ENGINE"  # "<name> <version>": the engine the VMs' containers run under
 ROOT_ENV = "RUNNER_EMULATOR_ENGINE_ROOT"  # this VM boot's image store (Podman)
 LABEL = "tpu-emulator.vm"  # on every container a VM starts: its marker, to find them when the VM is stopped
 
@@ -86,15 +87,11 @@ def _exec(engine: Engine, args: list[str], env: dict[str, str] | None = None) ->
 
 def _missing(ref: str) -> str | None:
     """Docker's error for `ref` when the emulator's missing-image fault names it, else None."""
-    from tpu_emulator import docker_shim
-
     present, message = docker_shim.image_available(ref)
     return None if present else message or f"manifest for {ref} not found: manifest unknown: manifest unknown"
 
 
 def pull(engine: Engine, image: str, quiet: bool) -> int:
-    from tpu_emulator import docker_shim
-
     ref = docker_shim.normalize(image)
     if error := _missing(ref):
         print(f"Error response from daemon: {error}", file=sys.stderr)
@@ -105,8 +102,6 @@ def pull(engine: Engine, image: str, quiet: bool) -> int:
 def run(engine: Engine, args: list[str]) -> int:
     """`docker run` as the VM's script wrote it, in the engine: the job's variables by name (-e KEY, never on argv),
     the VM's additions, its own container name; an image not pulled yet is pulled first, as Docker does."""
-    from tpu_emulator import docker_shim
-
     flags, image, command = docker_shim.parse_run(args)
     ref = docker_shim.normalize(image)
     if "--detach" in flags:
@@ -135,8 +130,6 @@ def run(engine: Engine, args: list[str]) -> int:
 
 def main(engine: Engine, command: str, args: list[str]) -> int:
     """One `docker COMMAND ARGS` of the VM's script, in the engine."""
-    from tpu_emulator import docker_shim
-
     if command == "pull":
         opts, refs = docker_shim.parse_options(args, {"--platform"})
         if len(refs) != 1:
