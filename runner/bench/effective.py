@@ -75,6 +75,9 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
         steps = getattr(model, "_steps_per_execution", None)
     if hasattr(steps, "numpy"):
         steps = int(steps.numpy())
+    from runner.worker.allocator import described
+
+    allocator = described(os.environ)  # what this process started with
     if tf is None:  # Keras 3 on JAX: XLA compiles for the CPU itself; TensorFlow's oneDNN and pools do not apply
         return {
             "precision": precision,
@@ -83,6 +86,7 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
             "onednn": None,
             "onednn_source": "not TensorFlow",
             "threads": None,
+            "allocator": allocator,
         }
     from runner.train.fused_dropout import dropout_layers, fused_layers
 
@@ -98,6 +102,7 @@ def effective_settings(tf: Any, model: Any) -> dict[str, Any]:
             f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]}" if ONEDNN_ENV in os.environ else "TensorFlow default"
         ),
         "threads": effective_threads(tf),
+        "allocator": allocator,
     }
 
 
@@ -117,5 +122,6 @@ def describe_effective(settings: Mapping[str, Any]) -> str:
             f"threads {threads.get('intra_op')} intra / {threads.get('inter_op')} inter ({threads.get('source')})"
             if threads
             else "threads: XLA's own (not TensorFlow)",
+            *([f"allocator: {settings['allocator']}"] if settings.get("allocator") else []),
         ]
     )

@@ -3,16 +3,20 @@ of each ratio.
 
 On CPU and GPU each (trainer, batch size) runs in its own worker process (the baseline needs TensorFlow's defaults,
 ours the settings perf.py makes before TensorFlow's import), all of them started at once and only one running at a
-time: epoch 1 of every arm, then epoch 2 of every arm, and so on. On a TPU the arms share the bench's process,
+time: epoch 1 of every arm, then epoch 2 of every arm, and so on. Our trainer's process starts with the C allocator's
+settings a job of the built-in trainer gets from the supervisor (runner.worker.allocator: on the JAX engine without
+accelerator chips), the plain fit's with the defaults a notebook has. On a TPU the arms share the bench's process,
 because only one process per host may hold the TPU: one batch size after the other, the two trainers alternating.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,23 @@ class BenchOptions:
         return ArmSpec(trainer=trainer, batch_size=batch_size, **shared)
 
 
+@contextmanager
+def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `extra` while a worker starts: a spawned interpreter starts with the environment of the
+    process that starts it (there is no other way to give it one), and glibc reads its settings as a process
+    starts."""
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -64,13 +85,14 @@ def _tail(path: Path, lines: int = 25) -> str:
 class _Worker:
     """One arm in its own process, spoken to over a pipe (see arms.serve)."""
 
-    def __init__(self, spec: ArmSpec, log: Path, mp: Any) -> None:
+    def __init__(self, spec: ArmSpec, log: Path, mp: Any, env: Mapping[str, str]) -> None:
         from runner.bench import arms
 
         self.name, self.log = spec.trainer, log
         self.conn, child = mp.Pipe()
         self.process = mp.Process(target=arms.serve, args=(child, spec.as_dict(), str(log)), daemon=True)
-        self.process.start()
+        with _environment(env):
+            self.process.start()
         child.close()
 
     def _reply(self) -> Any:
@@ -134,9 +156,16 @@ def _start(options: BenchOptions, batches: tuple[int, ...], logs: Path, in_proce
         ours = arms.make_arm(options.spec("ours", batch))  # resolves the strategy; the baseline reuses it
         base = arms.make_arm(options.spec("baseline", batch), strategy=ours.strategy)  # type: ignore[union-attr]
         return {("ours", batch): _InProcess(ours), ("baseline", batch): _InProcess(base)}
+    from runner.worker import allocator
+
     mp = multiprocessing.get_context("spawn")  # a fresh interpreter: TensorFlow reads its settings at import
     logs.mkdir(parents=True, exist_ok=True)
-    return {(t, b): _Worker(options.spec(t, b), logs / f"{t}-batch{b}.log", mp) for b in batches for t in ORDER}
+    ours_env = allocator.for_engine(options.framework, os.environ)  # as the supervisor starts the built-in trainer
+    return {
+        (t, b): _Worker(options.spec(t, b), logs / f"{t}-batch{b}.log", mp, ours_env if t == "ours" else {})
+        for b in batches
+        for t in ORDER
+    }
 
 
 def _rate(info: dict[str, Any], epoch: EpochTime) -> float:

@@ -234,7 +234,7 @@ def _yes_no(value: Any) -> str:
 
 
 def settings_cells(settings: dict[str, Any]) -> list[str]:
-    """precision, XLA, steps/execution, dropout kernel, oneDNN, threads and input of one arm, as it ran
+    """precision, XLA, steps/execution, dropout kernel, oneDNN, threads, C allocator and input of one arm, as it ran
     (perf.effective_settings, read back from the model and TensorFlow in the arm's process); "-" where a result
     predates them."""
     eff = settings.get("effective") or {}
@@ -247,6 +247,7 @@ def settings_cells(settings: dict[str, Any]) -> list[str]:
         str(eff.get("dropout") or "-"),
         f"{onednn} ({eff['onednn_source']})" if eff.get("onednn_source") else onednn,
         f"{threads['intra_op']} / {threads['inter_op']} ({threads.get('source', '')})" if threads else "-",
+        str(eff.get("allocator") or "-"),
         str(settings.get("input", "-")),
     ]
 
@@ -257,8 +258,9 @@ def render_settings(result: BenchResult) -> list[str]:
         f"What each trainer ran with, read back in its own process (the plain fit's are {defaults} as they resolve "
         "on this machine):",
         "",
-        "| batch | trainer | precision | XLA | steps/execution | dropout | oneDNN | threads intra / inter | input |",
-        "|---:|---|---|---|---:|---|---|---|---|",
+        "| batch | trainer | precision | XLA | steps/execution | dropout | oneDNN | threads intra / inter "
+        "| C allocator | input |",
+        "|---:|---|---|---|---:|---|---|---|---|---|",
     ]
     for arm in sorted(result.arms, key=lambda a: (a.batch_size, TRAINERS.index(a.trainer))):
         cells = " | ".join(settings_cells(arm.settings))

@@ -38,12 +38,26 @@ def accelerator_device_files() -> list[str]:
 
 
 def allocator_env(environ: Mapping[str, str], devices: Sequence[str] | None = None) -> dict[str, str]:
-    """The settings to add to a job's environment: SETTINGS for the built-in trainer on the JAX engine on a machine
-    with no accelerator device files (`devices`, else this machine's); nothing for any other job, where there are
-    some, or where the environment sets any of CHOSEN."""
-    builtin_jax = not environ.get(contract.COMMAND) and contract.training_section(environ).get("framework") == "jax"
-    if not builtin_jax or any(environ.get(name) for name in CHOSEN):
+    """The settings to add to a job's environment: for_engine() of the built-in trainer's engine; nothing for a
+    `command` job."""
+    framework = None if environ.get(contract.COMMAND) else contract.training_section(environ).get("framework")
+    return for_engine(framework, environ, devices)
+
+
+def for_engine(
+    framework: str | None, environ: Mapping[str, str], devices: Sequence[str] | None = None
+) -> dict[str, str]:
+    """SETTINGS for the built-in trainer on the JAX engine (`framework` "jax") on a machine with no accelerator
+    device files (`devices`, else this machine's); nothing for another engine, where there are some, or where
+    `environ` sets any of CHOSEN. The supervisor's choice for a job, and `runner bench`'s for its own trainer's arm."""
+    if framework != "jax" or any(environ.get(name) for name in CHOSEN):
         return {}
     if accelerator_device_files() if devices is None else devices:
         return {}
     return dict(SETTINGS)
+
+
+def described(environ: Mapping[str, str]) -> str:
+    """The C allocator's settings a process started with, as `runner bench` shows them."""
+    chosen = [f"{name}={environ[name]}" for name in CHOSEN if environ.get(name)]
+    return ", ".join(chosen) or "glibc defaults"

@@ -26,6 +26,7 @@ from runner.bench.notebook import NOTEBOOK, NOTEBOOK_GPU, NOTEBOOK_TPU
 from runner.bench.report import ArmResult, BenchResult
 from runner.errors import UsageError
 from runner.train import calibration, cpu
+from runner.worker import allocator
 from tests.collect.test_svg import NS, drawn, parse, texts, tick_texts
 from tests.conftest import REPO
 from tests.environ import child_env
@@ -60,6 +61,7 @@ OUR_SETTINGS = {
         "onednn": True,
         "onednn_source": "TF_ENABLE_ONEDNN_OPTS=1",
         "threads": THREADS,
+        "allocator": "glibc defaults",
     },
 }
 
@@ -165,15 +167,15 @@ def test_the_table_shows_what_each_trainer_ran_with() -> None:
     text = report.render_markdown(_result())
     assert (
         "| 1024 | plain model.fit (numpy) | float32 | off | 1 | Keras | on (TensorFlow default) "
-        "| 2 / 2 (TensorFlow default) | numpy float32 arrays |" in text
+        "| 2 / 2 (TensorFlow default) | - | numpy float32 arrays |" in text
     )
     assert (
         "| 256 | our trainer | mixed_bfloat16 (Dropout float32) | off | 1 | fused by XLA (3 of 3 layers) "
         "| on (TF_ENABLE_ONEDNN_OPTS=1) "
-        "| 2 / 2 (TensorFlow default) | tf.data (runner.train.data) |" in text
+        "| 2 / 2 (TensorFlow default) | glibc defaults | tf.data (runner.train.data) |" in text
     )
     old = ArmResult("ours", 256, 59904, (1.0, 1.0), (1.0, 1.0), 0.9)  # a bench.json from before the settings
-    assert report.settings_cells(old.settings) == ["-"] * 7
+    assert report.settings_cells(old.settings) == ["-"] * 8
     line = effective.describe_effective(BASE_SETTINGS["effective"])  # type: ignore[arg-type]
     assert line == (
         "float32, XLA off, 1 step(s)/execution, dropout Keras, oneDNN on (TensorFlow default), "
@@ -478,6 +480,13 @@ def test_bench_on_jax_runs_without_tensorflow(tmp_path: Path, mnist_npz: Path) -
         assert arm.settings["effective"]["jit_compile"] is True and arm.settings["effective"]["onednn"] is None
     ours, plain = result.arm("ours", 128), result.arm("baseline", 128)
     assert ours is not None and plain is not None
+    # Our trainer's process starts as the supervisor starts the built-in trainer on this machine; the plain fit's as
+    # a notebook's does.
+    mine = allocator.described({**env, **allocator.for_engine("jax", env)})
+    assert (ours.settings["effective"]["allocator"], plain.settings["effective"]["allocator"]) == (
+        mine,
+        allocator.described(env),
+    )
     # The same accuracy check as TensorFlow's bench; 4 steps of 128 on this slice reached 0.5-0.7 here.
     assert ours.test_accuracy > 0.3 and plain.test_accuracy > 0.3
     assert "runner.train.npdata" in ours.settings["input"]

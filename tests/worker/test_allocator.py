@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner import contract
-from runner.worker.allocator import CHOSEN, SETTINGS, accelerator_device_files, allocator_env
+from runner.worker.allocator import CHOSEN, SETTINGS, accelerator_device_files, allocator_env, described, for_engine
 from runner.worker.supervisor import Supervisor
 from tests.worker.test_supervisor import run_worker, worker_env
 
@@ -34,6 +34,20 @@ def test_the_builtin_jax_trainer_on_a_machine_without_accelerator_files_gets_the
 )
 def test_any_other_job_keeps_the_default(environ: dict[str, str]) -> None:
     assert allocator_env(environ, devices=[]) == {}
+
+
+def test_the_engine_decides_for_a_job_and_for_the_bench_alike() -> None:
+    """`runner bench` asks for its own trainer's arm by engine what the supervisor decides from a job."""
+    assert for_engine("jax", {}, devices=[]) == SETTINGS == allocator_env(JAX, devices=[])
+    assert for_engine("tensorflow", {}, devices=[]) == for_engine(None, {}, devices=[]) == {}
+    assert for_engine("jax", {"MALLOC_ARENA_MAX": "4"}, devices=[]) == {}
+
+
+def test_the_settings_a_process_started_with_are_described() -> None:
+    assert described({"PATH": "/usr/bin"}) == "glibc defaults"
+    assert described({**SETTINGS, "PATH": "/usr/bin"}) == (
+        "MALLOC_ARENA_MAX=1, MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=1073741824"
+    )
 
 
 @pytest.mark.parametrize("devices", [["/dev/accel0"], ["/dev/vfio/0"], ["/dev/nvidia0"]])
