@@ -34,7 +34,7 @@ from pathlib import Path
 from runner.worker import processes
 
 # Every emulated VM boot runs `docker login`, `pull`, `run` and `stop`, each a Python process: what only `run` (and
-# `pull`) need is imported there, so the others start with the interpreter and this module alone (about 0.06 CPU s
+# `pull`) need is imported there, so the others start with the interpreter and this module alone (about 0.08 CPU s
 # less each, a few hundred times in a test session).
 
 DETACHED_CHILD = "RUNNER_DOCKER_SHIM_DETACHED"
