@@ -1,6 +1,6 @@
 """`docker` on an emulated TPU VM that runs real containers: the startup script's commands reach Podman (or Docker).
 
-A TpuEmulator started with `engine=` gives its VMs ENGINE_ENV in their environment, and the VMs' `docker`
+A TpuEmulator started with `engine=` gives its VMs docker_shim.ENGINE_ENV in their environment, and the VMs' `docker`
 (tpu_emulator.docker_shim) hands pull, run, stop, rm, kill, ps, images, version and info to this module instead of
 running the image's entrypoint as a process. The startup script is the same; what differs is that the image is
 really pulled from a registry (a local one: tpu_emulator.registry) and its entrypoint really runs in it, with the
@@ -32,7 +32,6 @@ from pathlib import Path
 from runner.backends import container
 from runner.launch.engine import ENGINES, Engine, EngineName
 from tpu_emulator import docker_shim
-from tpu_emulator.docker_shim import ENGINE_ENV
 from tpu_emulator.vm import MARKER
 
 ROOT_ENV = "RUNNER_EMULATOR_ENGINE_ROOT"  # this VM boot's image store (Podman)
@@ -57,12 +56,12 @@ def vm_env(engine: Engine | None, root: Path) -> dict[str, str]:
     one, this boot's image store, and the engine's settings (the VM's HOME is its own: it would not find them)."""
     if engine is None:
         return {}
-    return {**engine.settings(), ENGINE_ENV: f"{engine.name} {engine.version}", ROOT_ENV: str(root)}
+    return {**engine.settings(), docker_shim.ENGINE_ENV: f"{engine.name} {engine.version}", ROOT_ENV: str(root)}
 
 
 def configured() -> Engine | None:
     """This VM's engine, from its environment; None when its containers are processes."""
-    name, _, version = os.environ.get(ENGINE_ENV, "").partition(" ")
+    name, _, version = os.environ.get(docker_shim.ENGINE_ENV, "").partition(" ")
     if name not in ENGINES:
         return None
     root = os.environ.get(ROOT_ENV)
