@@ -90,11 +90,12 @@ def _pulled() -> set[str]:
     return set(json.loads(path.read_text())) if path.exists() else set()
 
 
-def image_available(ref: str) -> tuple[bool, str | None]:
-    """Ask the emulator whether `ref` exists; without an emulator to ask, every image does."""
+def missing_image(ref: str) -> str | None:
+    """Docker's error for `ref`, as the emulator's `/_emulator/images` words it, when its missing-image fault names
+    `ref`; else None. Without an emulator to ask, every image exists."""
     api = os.environ.get("RUNNER_TPU_API")
     if not api:
-        return True, None
+        return None
     import urllib.parse
     import urllib.request
 
@@ -103,8 +104,8 @@ def image_available(ref: str) -> tuple[bool, str | None]:
         with urllib.request.urlopen(url, timeout=10) as answer:
             data = json.load(answer)
     except (OSError, ValueError):
-        return True, None
-    return bool(data.get("present", True)), data.get("message")
+        return None
+    return None if data.get("present", True) else str(data["message"])
 
 
 def dropped_env(ref: str) -> list[str]:
@@ -171,9 +172,8 @@ def jax_cluster_env() -> dict[str, str]:
 def pull(image: str, *, quiet: bool = False) -> str | None:
     """Pull `image`; None on success, else Docker's error message."""
     ref = normalize(image)
-    present, message = image_available(ref)
-    if not present:
-        return message or f"manifest for {ref} not found: manifest unknown: manifest unknown"
+    if error := missing_image(ref):
+        return error
     images = _pulled() | {ref}
     (state_dir() / "images.json").write_text(json.dumps(sorted(images)))
     if not quiet:

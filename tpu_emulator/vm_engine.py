@@ -84,15 +84,9 @@ def _exec(engine: Engine, args: list[str], env: dict[str, str] | None = None) ->
     return 0  # not reached
 
 
-def _missing(ref: str) -> str | None:
-    """Docker's error for `ref` when the emulator's missing-image fault names it, else None."""
-    present, message = docker_shim.image_available(ref)
-    return None if present else message or f"manifest for {ref} not found: manifest unknown: manifest unknown"
-
-
 def pull(engine: Engine, image: str, quiet: bool) -> int:
     ref = docker_shim.normalize(image)
-    if error := _missing(ref):
+    if error := docker_shim.missing_image(ref):
         print(f"Error response from daemon: {error}", file=sys.stderr)
         return 1
     return _exec(engine, ["pull", *(["--quiet"] if quiet else []), ref])
@@ -107,7 +101,7 @@ def run(engine: Engine, args: list[str]) -> int:
         raise docker_shim.Exit(125, "docker: --detach is not supported when the emulator runs real containers.")
     if not container.image_present(engine, ref):
         print(f"Unable to find image '{ref}' locally", file=sys.stderr)
-        error = _missing(ref)
+        error = docker_shim.missing_image(ref)
         if error is None:
             pulled = engine.run("pull", "--quiet", ref, timeout=1800)
             error = None if pulled.returncode == 0 else pulled.stderr.strip()
