@@ -31,10 +31,14 @@ include mk/kube.mk
 help:  ## show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# TensorFlow's CPU build on a machine without an NVIDIA GPU, as in the cpu image (docker/requirements.py local).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,dev]'
+	$(PY) docker/requirements.py local --out $(VENV)/requirements
+	$(PY) -m pip uninstall --quiet --yes --requirement $(VENV)/requirements/remove.txt
+	$(PY) -m pip install --quiet -e '.[dev]' --requirement $(VENV)/requirements/requirements.txt
+	$(PY) -m pip install --quiet --no-deps --requirement $(VENV)/requirements/no-deps.txt
 	touch $@
 
 install: $(STAMP)  ## create .venv and install the runner, TensorFlow and the test tools

@@ -1,7 +1,9 @@
-"""What pip installs into the trainer image, per variant, derived from pyproject.toml (the one source of versions).
+"""What pip installs into the trainer image, per variant, and into `make install`'s virtual environment, derived from
+pyproject.toml (the one source of versions).
 
     python docker/requirements.py requirements --variant tpu --out DIR   # DIR/requirements.txt, no-deps.txt,
                                                                          # constraints.txt (this variant's pins)
+    python docker/requirements.py local --out DIR                        # the train extra for this machine
     python docker/requirements.py slim --site-packages DIR               # after the install: what no job loads
     python docker/requirements.py check --no-deps DIR/no-deps.txt --constraints DIR/constraints.txt   # then
     python docker/requirements.py lock                                   # rewrite docker/constraints.txt
@@ -23,6 +25,9 @@ and keep Keras 3, numpy, gcsfs (Orbax's gs:// paths without TensorFlow) and the 
 tf-keras requires the package `tensorflow`, which would install the full build over tensorflow-cpu or
 tensorflow-tpu (all ship the `tensorflow` module); on those variants it is installed with --no-deps, and `check`
 runs `pip check` allowing exactly that one missing requirement.
+
+`local` gives `make install` the train extra as pyproject.toml writes it on a machine with an NVIDIA GPU, and with
+the cpu variant's TensorFlow (tf-keras --no-deps too) on one without.
 
 `lock` resolves every variant on this machine (Linux x86_64, the image's Python minor version) and writes the exact
 set of packages each one installs into docker/constraints.txt: lines before the first `# [...]` header are installed
@@ -125,17 +130,48 @@ def requirements(pyproject: Path, variant: str, libtpu: str = LIBTPU) -> tuple[l
                 req = f"jax[{JAX_EXTRA[variant]}]{rest}"
         elif name in JAX_ONLY:
             continue  # the TensorFlow images stay TensorFlow's
-        elif name == "tensorflow" and variant == "cpu":
-            req = f"tensorflow-cpu{rest}"
+        elif variant == "cpu" and name in TENSORFLOW_ONLY:
+            _cpu_tensorflow(name, req, lines, no_deps)
+            continue
         elif name == "tensorflow" and variant == "gpu":
             req = f"tensorflow[and-cuda]{rest}"
         elif name == "tensorflow" and variant == "tpu":
             lines += [f"--find-links {LIBTPU_FIND_LINKS}", f"libtpu=={libtpu}"]
             req = f"tensorflow-tpu{rest}"
-        elif name == "tf-keras" and variant != "gpu":
+        elif name == "tf-keras" and variant == "tpu":
             no_deps.append(req)
             continue
         lines.append(req)
+    return lines, no_deps
+
+
+def _cpu_tensorflow(name: str, req: str, lines: list[str], no_deps: list[str]) -> None:
+    """TensorFlow without its CUDA kernels (tensorflow-cpu: 259 MB of wheel, not 621), and tf-keras without the
+    dependency on `tensorflow` that would install the full build over it."""
+    if name == "tensorflow":
+        lines.append(f"tensorflow-cpu{_split(req)[1]}")
+    else:
+        no_deps.append(req)
+
+
+def has_nvidia_gpu() -> bool:
+    """An NVIDIA driver is loaded (its /proc entry), or its nvidia-smi is installed."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+def local(pyproject: Path, gpu: bool) -> tuple[list[str], list[str]]:
+    """(requirements, no-deps requirements) of the train extra for `make install`'s virtual environment: as
+    pyproject.toml writes it where there is an NVIDIA GPU, else with the cpu image's TensorFlow build. The full build
+    brings CUDA kernels a machine without a GPU never runs: 0.5 CPU s more to import (3.9-4.3 against 3.2-3.7 here),
+    and an error line on every start (`failed call to cuInit`)."""
+    lines: list[str] = []
+    no_deps: list[str] = []
+    for req in tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["train"]:
+        name = _split(req)[0]
+        if not gpu and name in TENSORFLOW_ONLY:
+            _cpu_tensorflow(name, req, lines, no_deps)
+        else:
+            lines.append(req)
     return lines, no_deps
 
 
@@ -163,10 +199,14 @@ def write(out: Path, pyproject: Path, variant: str, libtpu: str, lock: Path) -> 
     pinned = constraints(lock.read_text(), variant)
     if variant == "tpu":  # --build-arg LIBTPU_VERSION=... replaces the locked libtpu (it has no dependencies)
         pinned = [line if _split(line)[0] != "libtpu" else f"libtpu=={libtpu}" for line in pinned]
+    _write(out, requirements=reqs, no_deps=no_deps, constraints=pinned)
+
+
+def _write(out: Path, **files: list[str]) -> None:
+    """out/<name with - for _>.txt for each list of lines."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "requirements.txt").write_text("\n".join(reqs) + "\n")
-    (out / "no-deps.txt").write_text("".join(f"{line}\n" for line in no_deps))
-    (out / "constraints.txt").write_text("".join(f"{line}\n" for line in pinned))
+    for name, lines in files.items():
+        (out / f"{name.replace('_', '-')}.txt").write_text("".join(f"{line}\n" for line in lines))
 
 
 def _resolve(
@@ -368,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     ck = sub.add_parser("check", help="pip check (allowing what no-deps leaves out), and the locked versions")
     ck.add_argument("--no-deps", type=Path, required=True)
     ck.add_argument("--constraints", type=Path, help="the variant's lock lines (requirements' constraints.txt)")
+    lo = sub.add_parser("local", help="write requirements.txt, no-deps.txt and remove.txt: the train extra here")
+    lo.add_argument("--pyproject", type=Path, default=HERE.parent / "pyproject.toml")
+    lo.add_argument("--out", type=Path, required=True)
     sl = sub.add_parser("slim", help="remove what no job loads, strip shared libraries (after the install)")
     sl.add_argument("--site-packages", type=Path, required=True)
     sl.add_argument("--strip", default="strip", help="binutils' strip")
@@ -376,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         write(args.out, args.pyproject, args.variant, args.libtpu or LIBTPU, args.constraints)
     elif args.command == "check":
         return check(args.no_deps, args.constraints)
+    elif args.command == "local":
+        gpu = has_nvidia_gpu()
+        reqs, no_deps = local(args.pyproject, gpu)
+        # The other build, where an earlier install left it: both ship the module `tensorflow`.
+        _write(args.out, requirements=reqs, no_deps=no_deps, remove=["tensorflow-cpu" if gpu else "tensorflow"])
     elif args.command == "slim":
         slim(args.site_packages, args.strip)
     else:

@@ -190,6 +190,27 @@ def test_every_tensorflow_variant_installs_the_tensorflow_of_pyproject(tmp_path:
                 assert _name(req) in pins[variant], f"{variant}: {req} not pinned in docker/constraints.txt"
 
 
+def test_the_local_environment_has_the_full_tensorflow_only_with_an_nvidia_gpu(tmp_path: Path) -> None:
+    """`make install`'s train extra, both ways (whatever this machine has): the extra as written with a GPU; without
+    one the cpu image's TensorFlow build, tf-keras without its dependency on the full one, and everything else
+    (JAX, Keras 3, gcsfs) as written. The command removes the other build, which shares the module `tensorflow`."""
+    pyproject = REPO / "pyproject.toml"
+    train = image_requirements.tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["train"]
+    tf = next(r for r in train if _name(r) == "tensorflow").removeprefix("tensorflow")
+    assert image_requirements.local(pyproject, gpu=True) == (train, [])
+    lines, no_deps = image_requirements.local(pyproject, gpu=False)
+    assert lines == [f"tensorflow-cpu{tf}" if _name(r) == "tensorflow" else r for r in train if _name(r) != "tf-keras"]
+    assert no_deps == [r for r in train if _name(r) == "tf-keras"]
+    assert image_requirements.main(["local", "--out", str(tmp_path)]) == 0
+    gpu = image_requirements.has_nvidia_gpu()
+    written = {f.stem: f.read_text().splitlines() for f in tmp_path.glob("*.txt")}
+    assert written == {
+        "requirements": image_requirements.local(pyproject, gpu)[0],
+        "no-deps": image_requirements.local(pyproject, gpu)[1],
+        "remove": ["tensorflow-cpu" if gpu else "tensorflow"],
+    }
+
+
 def test_the_jax_variants_install_jax_and_keras_and_no_tensorflow(tmp_path: Path) -> None:
     pyproject = image_requirements.tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     train = {_name(r): r for r in pyproject["optional-dependencies"]["train"]}
