@@ -259,8 +259,9 @@ def test_the_lock_names_what_each_variant_installs() -> None:
 
 
 def test_the_build_check_refuses_packages_the_lock_does_not_hold(tmp_path: Path) -> None:
-    """The check the dependency layer ends with, run here against this venv (which has TensorFlow) as if it were a
-    JAX image: it names TensorFlow as installed without being locked, and what the lock wants but is missing."""
+    """The check the dependency layer ends with, run here against this venv (which has TensorFlow, its CPU build or
+    the full one) as if it were a JAX image: it names TensorFlow as installed without being locked, and what the lock
+    wants but is missing."""
     out = _generated(tmp_path, "jax-tpu")
     assert out["no-deps"] == []
     check = [sys.executable, str(REPO / "docker" / "requirements.py"), "check"]
@@ -269,7 +270,8 @@ def test_the_build_check_refuses_packages_the_lock_does_not_hold(tmp_path: Path)
         [*check, "--constraints", str(tmp_path / "jax-tpu" / "constraints.txt")], capture_output=True, text=True
     )
     assert result.returncode == 1
-    assert re.search(r"^tensorflow \S+ is installed but not in the lock", result.stdout, re.MULTILINE), result.stdout
+    installed = r"^tensorflow(-cpu)? \S+ is installed but not in the lock"
+    assert re.search(installed, result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"^libtpu: locked \S+, installed nothing$", result.stdout, re.MULTILINE)
 
 
