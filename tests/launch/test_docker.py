@@ -203,10 +203,11 @@ def test_the_local_environment_has_the_full_tensorflow_only_with_an_nvidia_gpu(t
     assert no_deps == [r for r in train if _name(r) == "tf-keras"]
     assert image_requirements.main(["local", "--out", str(tmp_path)]) == 0
     gpu = image_requirements.has_nvidia_gpu()
+    here, here_no_deps = image_requirements.local(pyproject, gpu)
     written = {f.stem: f.read_text().splitlines() for f in tmp_path.glob("*.txt")}
     assert written == {
-        "requirements": image_requirements.local(pyproject, gpu)[0],
-        "no-deps": image_requirements.local(pyproject, gpu)[1],
+        "requirements": here,
+        "no-deps": here_no_deps,
         "remove": ["tensorflow-cpu" if gpu else "tensorflow"],
     }
 
